@@ -1,0 +1,1 @@
+"""Kopf operator that runs resilient multi-node PyTorch training jobs (ResilientTrainingJob)."""

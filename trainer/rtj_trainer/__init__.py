@@ -1,0 +1,1 @@
+"""FSDP trainer with NVIDIA Resiliency Extension: heartbeats, async checkpoints, in-process restart."""
