@@ -1,6 +1,5 @@
-// Build-only module: compiles the Kubernetes control-plane binaries (and a
-// version-matched kubectl) used by the local cluster and the integration
-// tests, from the Go module proxy. Nothing imports this module and no
+// Build-only module: compiles the Kubernetes control-plane binaries used by
+// the local cluster and the integration tests, from the Go module proxy. Nothing imports this module and no
 // Kubernetes source is kept in this repository: hack/build-testbin.sh builds
 // from the module cache.
 module testbin.invalid/kube
