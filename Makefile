@@ -8,7 +8,7 @@ CLUSTER_DIR := .cluster
 PYTEST_ARGS ?=
 
 .PHONY: help install testbin test test-unit test-integration test-e2e lint crds demo \
-        cluster-up cluster-down operator-up operator-down train-local bench
+        cluster-up cluster-down operator-up operator-down train-local bench helm-lint images
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -58,6 +58,14 @@ operator-down: ## stop the operator started by operator-up
 
 train-local: install ## tiny CPU trainer, 2 ranks under ft_launcher, no Kubernetes (honours TRAINER_FAULTS)
 	bash trainer/scripts/train-local.sh
+
+helm-lint: testbin ## lint the Helm chart with default values and with every optional part on
+	$$(bash hack/build-testbin.sh)/helm lint --strict charts/rtj-operator
+	$$(bash hack/build-testbin.sh)/helm lint --strict charts/rtj-operator --set rbac.clusterScoped=false,metrics.serviceMonitor.enabled=true
+
+images: ## build both images (needs Docker with BuildKit; not run in CI: no Docker engine here)
+	docker buildx build --target operator -t rtj-operator:0.1.0 .
+	docker buildx build --target trainer  -t rtj-trainer:0.1.0 .
 
 bench: install ## CPU benchmarks (see docs/benchmarks.md)
 	$(PY) -m bench

@@ -1,0 +1,372 @@
+"""The Helm chart charts/rtj-operator, checked with the real helm and against the real API server.
+
+Offline (helm only): the chart lints; it renders with default values and with namespaced RBAC; the
+values schema refuses bad values by name; every key of values.yaml is in the schema and back; and
+the RTJ_OPERATOR_* environment the chart gives the operator is accepted by the operator's own
+settings loader (so a renamed setting cannot silently break the Deployment).
+
+Against the cluster (session fixture `cluster`): `helm install` makes the Deployment, the
+ServiceAccount and the RBAC objects; `kubectl auth can-i`, asked as the chart's ServiceAccount,
+shows the operator can do what it needs and nothing more; `helm uninstall` removes it all. The
+operator pod itself cannot run under the test harness (no in-cluster token, no image), so the
+release pins it to a node that does not exist and nothing waits for it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from harness.cluster import Cluster
+from rtj_operator.config import ENV_PREFIX, OperatorSettings, load_settings
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "rtj-operator"
+GROUP = "training.resilient.dev"
+# Keeps the operator pod Pending: no harness node carries this label, so nothing starts it.
+NOWHERE = ["--set-string", "nodeSelector.rtj-test/never-schedule=true"]
+
+Manifest = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def bin_dir() -> Path:
+    """The project's kubectl and helm (hack/build-testbin.sh; returns at once when built)."""
+    from harness.controlplane import ensure_binaries
+
+    return ensure_binaries()
+
+
+@pytest.fixture(scope="module")
+def helm_binary(bin_dir: Path) -> Path:
+    return bin_dir / "helm"
+
+
+def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run a command, capturing its output; never raises on a non-zero exit."""
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+
+def render(helm: Path, *values: str, namespace: str = "ops") -> list[Manifest]:
+    out = run([str(helm), "template", "rel", str(CHART), "--namespace", namespace, *values])
+    assert out.returncode == 0, out.stderr
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def by_kind(manifests: list[Manifest]) -> dict[str, list[Manifest]]:
+    kinds: dict[str, list[Manifest]] = {}
+    for manifest in manifests:
+        kinds.setdefault(manifest["kind"], []).append(manifest)
+    return kinds
+
+
+def operator_container(manifests: list[Manifest]) -> Manifest:
+    (deployment,) = by_kind(manifests)["Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert isinstance(container, dict)
+    return container
+
+
+def operator_env(manifests: list[Manifest]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in operator_container(manifests)["env"] if "value" in e}
+
+
+def rules_of(role: Manifest) -> list[tuple[str, str, frozenset[str]]]:
+    """(apiGroup, resource, verbs) for every group/resource pair a Role or ClusterRole grants."""
+    return [
+        (group, resource, frozenset(rule["verbs"]))
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    ]
+
+
+# --- offline: helm lint / template / schema ----------------------------------------------------
+
+
+def test_helm_lint_passes_with_default_and_with_every_optional_part_on(helm_binary: Path) -> None:
+    for extra in ([], ["--set", "rbac.clusterScoped=false,metrics.serviceMonitor.enabled=true"]):
+        out = run([str(helm_binary), "lint", "--strict", str(CHART), *extra])
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "0 chart(s) failed" in out.stdout
+
+
+def test_default_render_is_one_recreate_replica_with_probe_ports_and_locked_down_security(
+    helm_binary: Path,
+) -> None:
+    manifests = render(helm_binary)
+    kinds = by_kind(manifests)
+    assert set(kinds) == {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Service",
+        "Deployment",
+    }
+    (deployment,) = kinds["Deployment"]
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "rel-rtj-operator"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    container = operator_container(manifests)
+    # The tag defaults to the chart's appVersion.
+    assert container["image"] == "ghcr.io/resilient-training/rtj-operator:0.1.0"
+    assert "command" not in container and "args" not in container  # the image's ENTRYPOINT
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"healthz": 8080, "metrics": 9090}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    (service,) = kinds["Service"]
+    assert service["spec"]["ports"][0]["port"] == 9090
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_default_rbac_splits_framework_and_application_into_cluster_roles(
+    helm_binary: Path,
+) -> None:
+    roles = {r["metadata"]["name"]: r for r in by_kind(render(helm_binary))["ClusterRole"]}
+    assert set(roles) == {"rel-rtj-operator-framework", "rel-rtj-operator-application"}
+    framework = rules_of(roles["rel-rtj-operator-framework"])
+    assert ("apiextensions.k8s.io", "customresourcedefinitions", {"get", "list", "watch"}) in [
+        (g, r, set(v)) for g, r, v in framework
+    ]
+    assert not [r for _, r, _ in framework if "peering" in r]  # standalone: no kopf peering
+    application = {(g, r): v for g, r, v in rules_of(roles["rel-rtj-operator-application"])}
+    assert application[(GROUP, "resilienttrainingjobs")] == {
+        "get", "list", "watch", "patch", "update", "delete",  # delete: ttlSecondsAfterFinished
+    }  # fmt: skip
+    assert application[(GROUP, "resilienttrainingjobs/status")] >= {"patch", "update"}
+    assert application[("", "pods")] == {"get", "list", "watch", "create", "delete"}
+    assert application[("", "services")] == {"get", "list", "watch", "create", "delete", "patch"}
+    assert ("", "secrets") not in application and ("", "nodes") not in application
+
+
+def test_namespaced_rbac_renders_roles_in_the_release_namespace_and_watches_only_it(
+    helm_binary: Path,
+) -> None:
+    manifests = render(helm_binary, "--set", "rbac.clusterScoped=false", namespace="team-a")
+    kinds = by_kind(manifests)
+    roles = kinds["Role"]
+    assert {r["metadata"]["name"] for r in roles} == {
+        "rel-rtj-operator-framework",
+        "rel-rtj-operator-application",
+    }
+    assert {r["metadata"]["namespace"] for r in roles + kinds["RoleBinding"]} == {"team-a"}
+    # Only the read-only CRD rule stays cluster-wide: CRDs are cluster-scoped objects.
+    (cluster_role,) = kinds["ClusterRole"]
+    assert [r for _, r, _ in rules_of(cluster_role)] == ["customresourcedefinitions"]
+    assert operator_env(manifests)["RTJ_OPERATOR_NAMESPACE"] == "team-a"
+
+
+def test_service_monitor_is_off_by_default_and_selects_the_metrics_service_when_on(
+    helm_binary: Path,
+) -> None:
+    assert "ServiceMonitor" not in by_kind(render(helm_binary))
+    kinds = by_kind(render(helm_binary, "--set", "metrics.serviceMonitor.enabled=true"))
+    (monitor,) = kinds["ServiceMonitor"]
+    (service,) = kinds["Service"]
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize(
+    ("setting", "named_in_error"),
+    [
+        ("operator.livenessPort=not-a-port", "livenessPort"),
+        ("operator.metricsPort=70000", "metricsPort"),
+        ("imagee.tag=v1", "imagee"),  # a typo in a key fails instead of being ignored
+        ("image.tag=latest", "/image/tag"),
+    ],
+)
+def test_values_schema_rejects_a_bad_value_and_names_it(
+    helm_binary: Path, setting: str, named_in_error: str
+) -> None:
+    out = run([str(helm_binary), "template", "rel", str(CHART), "--set", setting])
+    assert out.returncode != 0
+    assert "schema" in out.stderr and named_in_error in out.stderr, out.stderr
+
+
+def _leaf_paths(values: Mapping[str, Any], prefix: str = "") -> set[str]:
+    paths = set()
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            paths |= _leaf_paths(value, path + ".")
+        else:
+            paths.add(path)
+    return paths
+
+
+def _schema_paths(schema: Mapping[str, Any], prefix: str = "") -> set[str]:
+    paths = set()
+    for key, sub in schema.get("properties", {}).items():
+        path = f"{prefix}{key}"
+        if sub.get("additionalProperties") is False and "properties" in sub:
+            paths |= _schema_paths(sub, path + ".")
+        else:
+            paths.add(path)
+    return paths
+
+
+def test_every_values_key_is_in_the_schema_and_every_schema_key_in_the_values() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["additionalProperties"] is False
+    # Free-form Kubernetes objects (resources, securityContext, ...) count as one leaf each.
+    schema_paths = _schema_paths(schema) - {"global"}
+    value_paths = {
+        next((p for p in schema_paths if path.startswith(p + ".")), path)
+        for path in _leaf_paths(values)
+    }
+    assert value_paths == schema_paths
+
+
+def test_the_operator_accepts_the_environment_the_chart_gives_it(helm_binary: Path) -> None:
+    manifests = render(
+        helm_binary,
+        "--set",
+        "operator.reconcileIntervalSeconds=0.5,operator.watchNamespace=jobs,"
+        "operator.livenessPort=18080,operator.metricsPort=19090",
+    )
+    env = operator_env(manifests)
+    settings = load_settings({k: v for k, v in env.items() if k.startswith(ENV_PREFIX)})
+    assert settings.namespace == "jobs"
+    assert settings.reconcile_interval_seconds == 0.5
+    assert settings.peering is False  # standalone, as strategy Recreate assumes
+    # The probe and the Service reach the ports the operator really listens on.
+    assert settings.liveness_endpoint() == "http://0.0.0.0:18080/healthz"
+    assert (settings.metrics_host, settings.metrics_port) == ("0.0.0.0", 19090)
+    ports = {p["name"]: p["containerPort"] for p in operator_container(manifests)["ports"]}
+    assert ports == {"healthz": 18080, "metrics": 19090}
+
+
+def test_the_chart_defaults_keep_the_operator_defaults_except_where_it_listens(
+    helm_binary: Path,
+) -> None:
+    env = operator_env(render(helm_binary))
+    settings = load_settings({k: v for k, v in env.items() if k.startswith(ENV_PREFIX)})
+    different = {
+        name
+        for name in OperatorSettings.__dataclass_fields__
+        if getattr(settings, name) != getattr(OperatorSettings(), name)
+    }
+    assert different == {"liveness_host", "liveness_port", "metrics_host", "metrics_port"}
+
+
+# --- against the real API server -----------------------------------------------------------------
+
+
+class Release:
+    """One release of the chart in its own namespace, driven through the cluster's helm/kubectl."""
+
+    def __init__(self, cluster: Cluster, namespace: str, name: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.name = name
+        self.fullname = f"{name}-rtj-operator"
+        self.service_account = f"system:serviceaccount:{namespace}:{self.fullname}"
+
+    def install(self, *values: str) -> None:
+        out = self.cluster.helm(
+            "install", self.name, str(CHART), "--namespace", self.namespace, "--skip-crds",
+            *NOWHERE, *values,
+        )  # fmt: skip
+        assert " get rtj -w" in out.stdout  # NOTES.txt tells how to watch the jobs
+
+    def uninstall(self) -> None:
+        self.cluster.helm("uninstall", self.name, "--namespace", self.namespace, "--wait")
+
+    def can(self, verb: str, resource: str, *flags: str, namespace: str | None = None) -> bool:
+        """`kubectl auth can-i`, asked as the chart's ServiceAccount (exit code 1 means no)."""
+        out = self.cluster.kubectl(
+            "auth", "can-i", verb, resource, "--as", self.service_account,
+            "--namespace", namespace or self.namespace, *flags, check=False,
+        )  # fmt: skip
+        answer = out.stdout.strip()
+        assert answer in ("yes", "no"), out.stdout + out.stderr
+        return answer == "yes"
+
+    def exists(self, kind: str, name: str, *, namespaced: bool = True) -> bool:
+        scope = ["--namespace", self.namespace] if namespaced else []
+        out = self.cluster.kubectl("get", kind, name, *scope, "--ignore-not-found", "-o", "name")
+        return bool(out.stdout.strip())
+
+
+@pytest.fixture
+def release(cluster: Cluster) -> Iterator[Release]:
+    namespace = cluster.create_namespace("chart")
+    installed = Release(cluster, namespace, f"rtj{uuid.uuid4().hex[:6]}")
+    try:
+        yield installed
+    finally:
+        # Idempotent clean-up for a test that failed before its own uninstall.
+        cluster.helm(
+            "uninstall", installed.name, "--namespace", namespace, "--ignore-not-found",
+            check=False,
+        )  # fmt: skip
+        cluster.delete_namespace(namespace)
+
+
+def test_helm_install_grants_exactly_what_the_operator_needs_and_uninstall_removes_it(
+    release: Release,
+) -> None:
+    release.install()
+    full = release.fullname
+    namespaced = [("deployment", full), ("serviceaccount", full), ("service", f"{full}-metrics")]
+    cluster_wide = [
+        ("clusterrole", f"{full}-framework"),
+        ("clusterrole", f"{full}-application"),
+        ("clusterrolebinding", f"{full}-framework"),
+        ("clusterrolebinding", f"{full}-application"),
+    ]
+    for kind, name in namespaced:
+        assert release.exists(kind, name), f"{kind}/{name} missing after install"
+    for kind, name in cluster_wide:
+        assert release.exists(kind, name, namespaced=False), f"{kind}/{name} missing"
+
+    jobs = f"resilienttrainingjobs.{GROUP}"
+    assert release.can("create", "pods")
+    assert release.can("delete", "pods")
+    assert release.can("watch", jobs)
+    assert release.can("patch", jobs, "--subresource=status")
+    assert release.can("delete", jobs)  # a finished job after ttlSecondsAfterFinished
+    assert release.can("create", "persistentvolumeclaims")
+    assert release.can("create", "events")
+    assert release.can("create", "pods", namespace="default")  # cluster-scoped: every namespace
+    assert not release.can("delete", "nodes")
+    assert not release.can("get", "secrets")
+    assert not release.can("patch", "pods")
+    assert not release.can("delete", "customresourcedefinitions.apiextensions.k8s.io")
+
+    release.uninstall()
+    for kind, name in namespaced:
+        assert not release.exists(kind, name), f"{kind}/{name} left after uninstall"
+    for kind, name in cluster_wide:
+        assert not release.exists(kind, name, namespaced=False), f"{kind}/{name} left"
+    assert not release.can("create", "pods")
+
+
+def test_namespaced_install_lets_the_operator_act_only_in_its_own_namespace(
+    release: Release,
+) -> None:
+    release.install("--set", "rbac.clusterScoped=false")
+    assert release.exists("role", f"{release.fullname}-application")
+    assert release.can("create", "pods")
+    assert release.can("patch", f"resilienttrainingjobs.{GROUP}", "--subresource=status")
+    assert not release.can("create", "pods", namespace="default")
+    assert not release.can("list", f"resilienttrainingjobs.{GROUP}", namespace="default")
+    release.uninstall()
+    assert not release.exists("role", f"{release.fullname}-application")
