@@ -1,0 +1,1047 @@
+"""Pydantic models of the ResilientTrainingJob resource: the single source of truth of the API.
+
+Python names are snake_case; the YAML/JSON names are camelCase through an alias generator, and
+models accept both (`populate_by_name`). Unknown fields are errors (`extra="forbid"`), as they are
+on the API server with strict field validation.
+
+Every field carries a description, bounds and (for strings and lists) a maximum size: the CRD
+generator (`rtj_operator.api.crd`) copies them into the OpenAPI schema, where `kubectl explain`
+shows the descriptions and the API server's CEL cost estimator needs the sizes. Cross-field and
+immutability rules are written twice on purpose, next to each other: as CEL
+(`x-kubernetes-validations`, enforced by the API server at apply time) and as pydantic validators
+(enforced when the operator or a test parses an object); `tests/unit/test_api_models.py` and the
+invalid-manifest corpus keep the two in step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from rtj_operator import profiles
+
+# --- limits -----------------------------------------------------------------------------------
+
+MAX_NODES = 1024
+MAX_PROCS_PER_NODE = 64
+MAX_JOB_NAME_LENGTH = 50
+"""Longest job name. Children are named `<name>-<index>` (pod hostnames, index < MAX_NODES, so
+at most 5 more characters) and `<name>-rdzv`, and hostnames must be DNS labels of at most 63
+characters: that allows 58. We keep 8 characters in reserve for children we may add later (a
+per-attempt suffix, for example) because a limit can be raised later but never lowered without
+breaking existing objects."""
+MAX_INCIDENTS = 20
+"""status.incidents keeps the last MAX_INCIDENTS incidents."""
+MAX_CONDITIONS = 16
+INT32_MAX = 2**31 - 1
+DNS_LABEL_1035 = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+RESERVED_ENV_PREFIX = "RTJ_"
+
+# --- shared types -----------------------------------------------------------------------------
+
+
+def _number_to_quantity_string(value: object) -> object:
+    """YAML `cpu: 4` arrives as an int; Kubernetes quantities are int-or-string."""
+    if isinstance(value, bool):
+        return value  # let the str validator reject it
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+Quantity = Annotated[
+    str,
+    BeforeValidator(_number_to_quantity_string),
+    Field(pattern=QUANTITY_PATTERN, max_length=64),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "x-kubernetes-int-or-string": True,
+            "pattern": QUANTITY_PATTERN,
+        }
+    ),
+]
+"""A Kubernetes resource quantity such as `4`, `500m`, `1800Gi`."""
+
+ShortString = Annotated[str, Field(max_length=253)]
+LabelValue = Annotated[str, Field(max_length=63)]
+LabelKey = Annotated[str, Field(max_length=317)]  # prefix (253) + "/" + name (63)
+AnnotationValue = Annotated[str, Field(max_length=4096)]
+Argument = Annotated[str, Field(max_length=4096)]
+
+
+class ApiModel(BaseModel):
+    """Base of every API model: camelCase aliases, snake_case attributes, unknown fields rejected.
+
+    Strict like the API server: `"2"` is not an integer and `"yes"` is not a boolean. Timestamps
+    are the exception (they arrive as RFC 3339 strings).
+    """
+
+    model_config = ConfigDict(
+        populate_by_name=True, extra="forbid", alias_generator=to_camel, strict=True
+    )
+
+    def to_api(self) -> dict[str, Any]:
+        """The object as the API server stores it: camelCase keys, JSON types, unset omitted."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def cel(
+    rule: str,
+    message: str,
+    *,
+    field_path: str | None = None,
+    reason: str | None = None,
+) -> dict[str, str]:
+    """One `x-kubernetes-validations` entry."""
+    entry = {"rule": rule, "message": message}
+    if field_path is not None:
+        entry["fieldPath"] = field_path
+    if reason is not None:
+        entry["reason"] = reason
+    return entry
+
+
+def validations(*rules: dict[str, str]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": list(rules)}
+
+
+def immutable(field_name: str) -> dict[str, Any]:
+    return validations(cel("self == oldSelf", f"{field_name} is immutable"))
+
+
+# --- spec: environment ------------------------------------------------------------------------
+
+
+class KeySelector(ApiModel):
+    """Selects a key of a Secret or ConfigMap in the job's namespace."""
+
+    name: Annotated[str, Field(description="Name of the Secret or ConfigMap.", max_length=253)]
+    key: Annotated[str, Field(description="The key to select.", max_length=253)]
+    optional: bool | None = Field(
+        default=None, description="Whether the Secret or ConfigMap (or its key) may be missing."
+    )
+
+
+class FieldSelector(ApiModel):
+    """Selects a field of the pod (downward API)."""
+
+    field_path: str = Field(
+        description="Path of the field, for example `metadata.name` or `status.hostIP`.",
+        max_length=256,
+    )
+    api_version: str | None = Field(
+        default=None,
+        description="API version the fieldPath is written in (default `v1`).",
+        max_length=64,
+    )
+
+
+class EnvVarSource(ApiModel):
+    """Source of an environment variable's value: exactly one of the selectors."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef)]"
+                ".filter(x, x).size() == 1",
+                "valueFrom must set exactly one of secretKeyRef, configMapKeyRef, fieldRef",
+            )
+        )
+    )
+
+    secret_key_ref: KeySelector | None = Field(default=None, description="A key of a Secret.")
+    config_map_key_ref: KeySelector | None = Field(
+        default=None, description="A key of a ConfigMap."
+    )
+    field_ref: FieldSelector | None = Field(default=None, description="A field of the pod.")
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> Self:
+        chosen = [self.secret_key_ref, self.config_map_key_ref, self.field_ref]
+        if sum(x is not None for x in chosen) != 1:
+            raise ValueError(
+                "valueFrom must set exactly one of secretKeyRef, configMapKeyRef, fieldRef"
+            )
+        return self
+
+
+class EnvVar(ApiModel):
+    """An environment variable of the trainer container: a literal value or a reference."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "!(has(self.value) && has(self.valueFrom))",
+                "env: value and valueFrom are mutually exclusive",
+                field_path=".valueFrom",
+            ),
+            cel(
+                f"!self.name.startsWith('{RESERVED_ENV_PREFIX}')",
+                f"env name: the prefix {RESERVED_ENV_PREFIX} is reserved for the operator",
+                field_path=".name",
+            ),
+        )
+    )
+
+    name: str = Field(
+        description=(
+            "Name of the variable. Names starting with `RTJ_` are reserved: the operator sets "
+            "them (see docs/design.md). `TRAINER_FAULTS` is passed to the trainer's fault "
+            "injector."
+        ),
+        min_length=1,
+        max_length=256,
+        pattern=r"^[^=]+$",
+    )
+    value: str | None = Field(default=None, description="Literal value.", max_length=32768)
+    value_from: EnvVarSource | None = Field(
+        default=None, description="Take the value from a Secret, a ConfigMap or the pod."
+    )
+
+    @model_validator(mode="after")
+    def _value_xor_value_from(self) -> Self:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError("env: value and valueFrom are mutually exclusive")
+        if self.name.startswith(RESERVED_ENV_PREFIX):
+            raise ValueError(
+                f"env name: the prefix {RESERVED_ENV_PREFIX} is reserved for the operator"
+            )
+        return self
+
+
+# --- spec: resources, checkpoint, fault tolerance ---------------------------------------------
+
+
+class Resources(ApiModel):
+    """Quantities are Kubernetes quantities such as `4`, `500m`, `1800Gi`."""
+
+    requests: dict[Annotated[str, Field(max_length=253)], Quantity] = Field(
+        default_factory=dict,
+        description=(
+            "Minimum resources per pod (for example `cpu`, `memory`, `nvidia.com/gpu`, "
+            "`vpc.amazonaws.com/efa`, `hugepages-2Mi`)."
+        ),
+        max_length=32,
+    )
+    limits: dict[Annotated[str, Field(max_length=253)], Quantity] = Field(
+        default_factory=dict,
+        description="Maximum resources per pod. Extended resources need limits equal to requests.",
+        max_length=32,
+    )
+
+
+CHECKPOINT_SOURCE_RULES = (
+    cel(
+        "has(self.claimName) != has(self.storageClassName)",
+        "checkpoint: exactly one volume source must be set: claimName (an existing PVC) or "
+        "storageClassName with size (a volume the operator creates)",
+        field_path=".claimName",
+        reason="FieldValueInvalid",
+    ),
+    cel(
+        "has(self.storageClassName) == has(self.size)",
+        "checkpoint.size is required with checkpoint.storageClassName, and only with it",
+        field_path=".size",
+        reason="FieldValueRequired",
+    ),
+    cel(
+        "!has(self.claimDeletePolicy) || has(self.storageClassName)",
+        "checkpoint.claimDeletePolicy applies only to a volume the operator creates "
+        "(storageClassName)",
+        field_path=".claimDeletePolicy",
+    ),
+)
+
+
+def _same_optional(field_name: str, path: str) -> dict[str, str]:
+    """Immutability of an optional field: it may not be added, removed or changed."""
+    return cel(
+        f"has(self.{field_name}) == has(oldSelf.{field_name}) && "
+        f"(!has(self.{field_name}) || self.{field_name} == oldSelf.{field_name})",
+        f"{path} is immutable",
+        field_path=f".{field_name}",
+    )
+
+
+class Checkpoint(ApiModel):
+    """Where and how often the trainer writes checkpoints.
+
+    The volume is shared by every pod (ReadWriteMany, FSx for Lustre on AWS): either an existing
+    claim (`claimName`) or one the operator creates from a StorageClass (`storageClassName` and
+    `size`). The volume source, `mountPath` and `path` are immutable.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            *CHECKPOINT_SOURCE_RULES,
+            _same_optional("claimName", "checkpoint.claimName"),
+            _same_optional("storageClassName", "checkpoint.storageClassName"),
+            _same_optional("size", "checkpoint.size"),
+            _same_optional("path", "checkpoint.path"),
+        )
+    )
+
+    claim_name: str | None = Field(
+        default=None,
+        description=(
+            "Name of an existing ReadWriteMany PersistentVolumeClaim in the job's namespace "
+            "(for example a static FSx for Lustre volume). Exclusive with storageClassName."
+        ),
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+    )
+    storage_class_name: str | None = Field(
+        default=None,
+        description=(
+            "StorageClass of a ReadWriteMany volume that the operator creates as the claim "
+            "`<job name>-checkpoints` (for example a dynamic FSx for Lustre class). Needs size."
+        ),
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+    )
+    size: Quantity | None = Field(
+        default=None,
+        description="Capacity of the volume the operator creates (with storageClassName).",
+    )
+    claim_delete_policy: Literal["Delete", "Retain"] | None = Field(
+        default=None,
+        description=(
+            "What happens to the claim the operator created when the job is deleted: `Delete` "
+            "(the default) or `Retain`. Only with storageClassName; an existing claim is never "
+            "deleted."
+        ),
+    )
+    mount_path: str = Field(
+        default="/checkpoints",
+        description="Absolute path where the volume is mounted in every trainer container.",
+        max_length=1024,
+        pattern=r"^/([^/]+(/[^/]+)*)?$",
+        json_schema_extra=immutable("checkpoint.mountPath"),
+    )
+    path: str | None = Field(
+        default=None,
+        description=(
+            "Subdirectory of the volume that holds this job's checkpoints (default: the job's "
+            "name). A relative path without `..`; the trainer gets `<mountPath>/<path>` as "
+            "RTJ_CHECKPOINT_DIR. A new job with the same path resumes from its checkpoints."
+        ),
+        max_length=512,
+        pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$",
+        json_schema_extra=validations(
+            cel(
+                "!self.split('/').exists(s, s == '..' || s == '.')",
+                "checkpoint.path may not contain '.' or '..' segments",
+            )
+        ),
+    )
+    interval_steps: int = Field(
+        default=100,
+        description="Write a checkpoint every this many optimizer steps.",
+        ge=1,
+        le=INT32_MAX,
+    )
+    keep: int = Field(
+        default=3, description="Number of newest committed checkpoints kept.", ge=1, le=100
+    )
+    mode: Literal["Async", "Sync"] = Field(
+        default="Async",
+        description=(
+            "`Async` stages the state in memory and writes it in the background (short stall); "
+            "`Sync` blocks the step loop until the checkpoint is committed."
+        ),
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _no_dot_segments(cls, path: str | None) -> str | None:
+        if path is not None and any(s in (".", "..") for s in path.split("/")):
+            raise ValueError("checkpoint.path may not contain '.' or '..' segments")
+        return path
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> Self:
+        if (self.claim_name is None) == (self.storage_class_name is None):
+            raise ValueError(CHECKPOINT_SOURCE_RULES[0]["message"])
+        if (self.storage_class_name is None) != (self.size is None):
+            raise ValueError(CHECKPOINT_SOURCE_RULES[1]["message"])
+        if self.claim_delete_policy is not None and self.storage_class_name is None:
+            raise ValueError(CHECKPOINT_SOURCE_RULES[2]["message"])
+        return self
+
+    @property
+    def is_dynamic(self) -> bool:
+        """Whether the operator creates (and owns) the claim."""
+        return self.storage_class_name is not None
+
+    @property
+    def effective_claim_delete_policy(self) -> Literal["Delete", "Retain"]:
+        return self.claim_delete_policy or "Delete"
+
+
+class RankRestartBudget(ApiModel):
+    """How many single-node (rank) restarts the job may spend within a sliding window."""
+
+    max: int = Field(default=10, description="Restarts allowed within the window.", ge=0, le=10000)
+    window_seconds: int = Field(
+        default=3600, description="Length of the sliding window in seconds.", ge=1, le=INT32_MAX
+    )
+
+
+class FullRestartBudget(ApiModel):
+    """How many whole-job restarts (every pod recreated) the job may spend within a window."""
+
+    max: int = Field(default=3, description="Restarts allowed within the window.", ge=0, le=10000)
+    window_seconds: int = Field(
+        default=86400, description="Length of the sliding window in seconds.", ge=1, le=INT32_MAX
+    )
+
+
+class FaultTolerance(ApiModel):
+    """How faults are detected and which recovery the operator may spend on them.
+
+    A soft fault (an exception, a stuck collective) is handled inside the processes by NVRx
+    in-process restart when it is enabled; a dead worker process by ft_launcher, which restarts
+    the workers in place (up to launcherMaxRestarts); a lost or failed pod by a new pod for that
+    node index (spends rankRestartBudget); a hang by the heartbeat and progress timeouts. When the
+    rank budget is spent, or restartStrategy is FullRestart, every pod is recreated (spends
+    fullRestartBudget); when that budget is spent too, the job fails.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "self.initialHeartbeatTimeoutSeconds >= self.heartbeatTimeoutSeconds",
+                "faultTolerance.initialHeartbeatTimeoutSeconds must be at least "
+                "heartbeatTimeoutSeconds",
+                field_path=".initialHeartbeatTimeoutSeconds",
+            )
+        )
+    )
+
+    heartbeat_timeout_seconds: int = Field(
+        default=60,
+        description="A rank that sends no heartbeat for this long (after its first) is hung.",
+        ge=1,
+        le=86400,
+    )
+    initial_heartbeat_timeout_seconds: int = Field(
+        default=600,
+        description=(
+            "Time a rank may take from start to its first heartbeat (loading the checkpoint, "
+            "building the model)."
+        ),
+        ge=1,
+        le=86400,
+    )
+    progress_timeout_seconds: int = Field(
+        default=900,
+        description=(
+            "The job is stalled when the step of the slowest rank does not advance for this long "
+            "although every rank sends heartbeats."
+        ),
+        ge=1,
+        le=604800,
+    )
+    in_process_restart: Literal["Enabled", "Disabled"] = Field(
+        default="Enabled",
+        description=(
+            "`Enabled` lets NVRx restart the training loop inside the running processes first "
+            "(fastest recovery); `Disabled` goes straight to process restarts."
+        ),
+    )
+    launcher_max_restarts: int = Field(
+        default=3,
+        description=(
+            "Restarts of the worker processes that ft_launcher may do inside one pod before the "
+            "pod fails."
+        ),
+        ge=0,
+        le=1000,
+    )
+    rank_restart_budget: RankRestartBudget = Field(
+        default_factory=RankRestartBudget,
+        description="Budget of single-node restarts (a new pod for one node index).",
+        json_schema_extra={"default": RankRestartBudget().to_api()},
+    )
+    full_restart_budget: FullRestartBudget = Field(
+        default_factory=FullRestartBudget,
+        description="Budget of whole-job restarts (every pod recreated).",
+        json_schema_extra={"default": FullRestartBudget().to_api()},
+    )
+    restart_strategy: Literal["RankRestart", "FullRestart"] = Field(
+        default="RankRestart",
+        description=(
+            "`RankRestart` replaces only the failed node's pod and lets the others rejoin the "
+            "rendezvous; `FullRestart` restarts every pod on any fault (what a plain Kubernetes "
+            "Job gives, kept as a baseline for comparison)."
+        ),
+    )
+    non_retryable_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
+        default_factory=list,
+        description=(
+            "Container exit codes that fail the job at once instead of restarting (93, NVRx's "
+            "'do not restart', always does)."
+        ),
+        max_length=32,
+        json_schema_extra={"x-kubernetes-list-type": "set", "default": []},
+    )
+
+    @model_validator(mode="after")
+    def _initial_timeout_covers_heartbeat_timeout(self) -> Self:
+        if self.initial_heartbeat_timeout_seconds < self.heartbeat_timeout_seconds:
+            raise ValueError(
+                "faultTolerance.initialHeartbeatTimeoutSeconds must be at least "
+                "heartbeatTimeoutSeconds"
+            )
+        return self
+
+
+# --- spec: pod template -----------------------------------------------------------------------
+
+
+class Toleration(ApiModel):
+    """A core/v1 Toleration: lets trainer pods run on nodes with matching taints."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "!has(self.operator) || self.operator != 'Exists' || !has(self.value) "
+                "|| self.value == ''",
+                "tolerations: value must be empty when operator is Exists",
+                field_path=".value",
+            )
+        )
+    )
+
+    key: str | None = Field(
+        default=None,
+        description="Taint key; empty with operator Exists matches every taint.",
+        max_length=317,
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="`Equal` (default) or `Exists`."
+    )
+    value: str | None = Field(default=None, description="Taint value to match.", max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches every effect."
+    )
+    toleration_seconds: int | None = Field(
+        default=None,
+        description="With effect NoExecute: how long the pod stays bound after the taint appears.",
+        ge=-(2**63),
+        le=2**63 - 1,
+    )
+
+    @model_validator(mode="after")
+    def _exists_takes_no_value(self) -> Self:
+        if self.operator == "Exists" and self.value:
+            raise ValueError("tolerations: value must be empty when operator is Exists")
+        return self
+
+
+class PodTemplate(ApiModel):
+    """Overrides applied to every pod of the job (trainers and rendezvous), so that queueing
+    systems (Kueue, Volcano) and cluster policies can place the job."""
+
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, description="Labels added to every pod.", max_length=64
+    )
+    annotations: dict[LabelKey, AnnotationValue] = Field(
+        default_factory=dict, description="Annotations added to every pod.", max_length=64
+    )
+    node_selector: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict,
+        description="Node labels a pod requires, merged over the instance profile's selector.",
+        max_length=32,
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Tolerations of every pod.", max_length=64
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="core/v1 Affinity of every pod (node, pod and pod anti-affinity).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    priority_class_name: str | None = Field(
+        default=None,
+        description="PriorityClass of the pods.",
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        description="ServiceAccount the pods run as.",
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+    )
+    scheduler_name: str | None = Field(
+        default=None,
+        description="Scheduler that places the pods (for example `volcano`).",
+        max_length=253,
+    )
+    termination_grace_period_seconds: int | None = Field(
+        default=None,
+        description="Seconds a trainer gets between SIGTERM and SIGKILL.",
+        ge=0,
+        le=86400,
+    )
+
+
+# --- spec -------------------------------------------------------------------------------------
+
+
+def _only_while_suspended(field_name: str) -> dict[str, str]:
+    return cel(
+        f"self.{field_name} == oldSelf.{field_name} || oldSelf.suspend",
+        f"{field_name} may change only while the job is suspended",
+        field_path=f".{field_name}",
+    )
+
+
+def _only_while_suspended_optional(field_name: str) -> dict[str, str]:
+    same = _same_optional(field_name, field_name)["rule"]
+    return cel(
+        f"({same}) || oldSelf.suspend",
+        f"{field_name} may change only while the job is suspended",
+        field_path=f".{field_name}",
+    )
+
+
+PROFILE_REQUIRED_MESSAGE = (
+    "resources is required when instanceType has no built-in profile (built-in: "
+    + ", ".join(profiles.BUILT_IN_PROFILES)
+    + ")"
+)
+
+
+class ResilientTrainingJobSpec(ApiModel):
+    """Desired state of a ResilientTrainingJob: a multi-node PyTorch training run that survives
+    node and process faults by restarting only what failed and resuming from checkpoints."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "self.instanceType in "
+                + json.dumps(list(profiles.BUILT_IN_PROFILES)).replace('"', "'")
+                + " || has(self.resources)",
+                PROFILE_REQUIRED_MESSAGE,
+                field_path=".resources",
+                reason="FieldValueRequired",
+            ),
+            _same_optional("procsPerNode", "procsPerNode"),
+            _only_while_suspended("nodes"),
+            _only_while_suspended("image"),
+            _only_while_suspended("command"),
+            _only_while_suspended("args"),
+            _only_while_suspended("env"),
+            _only_while_suspended_optional("resources"),
+            _only_while_suspended_optional("podTemplate"),
+        )
+    )
+
+    nodes: int = Field(
+        description=(
+            "Number of nodes (one trainer pod per node, named `<job>-<index>`). May change only "
+            "while the job is suspended; on resume every pod starts at the new size and resumes "
+            "from the last checkpoint."
+        ),
+        ge=1,
+        le=MAX_NODES,
+    )
+    instance_type: str = Field(
+        default=profiles.DEFAULT_INSTANCE_TYPE,
+        description=(
+            "EC2 instance type of the nodes. A built-in profile ("
+            + ", ".join(profiles.BUILT_IN_PROFILES)
+            + ") gives GPU, EFA, hugepages, CPU and memory requests and the node selector; other "
+            "types need resources. Immutable."
+        ),
+        min_length=1,
+        max_length=63,
+        json_schema_extra=immutable("instanceType"),
+    )
+    procs_per_node: int | None = Field(
+        default=None,
+        description=(
+            "Worker processes per node (ranks per pod); default: the profile's (one per GPU), "
+            "or 1 without a profile. Immutable."
+        ),
+        ge=1,
+        le=MAX_PROCS_PER_NODE,
+    )
+    resources: Resources | None = Field(
+        default=None,
+        description=(
+            "Requests and limits of each trainer pod, merged over the instance profile's key by "
+            "key; required for instance types without a built-in profile."
+        ),
+    )
+    image: str = Field(description="Container image of the trainer.", min_length=1, max_length=1024)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="When the kubelet pulls the image."
+    )
+    command: list[Argument] = Field(
+        default_factory=lambda: ["python", "-m", "rtj_trainer"],
+        description=(
+            "Entrypoint argv of each worker process (never a shell string); ft_launcher runs it "
+            "procsPerNode times per pod."
+        ),
+        min_length=1,
+        max_length=64,
+        json_schema_extra={"default": ["python", "-m", "rtj_trainer"]},
+    )
+    args: list[Argument] = Field(
+        default_factory=list,
+        description="Arguments appended to command, for example `[--preset, tiny]`.",
+        max_length=256,
+        json_schema_extra={"default": []},
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        description="Environment variables of the trainer container (names unique).",
+        max_length=128,
+        json_schema_extra={
+            "default": [],
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+        },
+    )
+    checkpoint: Checkpoint = Field(
+        description="Checkpoint volume and policy. The trainer resumes from the newest committed "
+        "checkpoint after any restart."
+    )
+    fault_tolerance: FaultTolerance = Field(
+        default_factory=FaultTolerance,
+        description="Fault detection timeouts, recovery strategy and restart budgets.",
+        json_schema_extra={"default": FaultTolerance().to_api()},
+    )
+    suspend: bool = Field(
+        default=False,
+        description=(
+            "`true` deletes the job's pods (the checkpoint volume stays); `false` starts them "
+            "again, resuming from the last checkpoint. Queueing systems such as Kueue use it."
+        ),
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None,
+        description="The job fails with reason `DeadlineExceeded` after running this long.",
+        ge=1,
+        le=INT32_MAX,
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        description="Delete the job this many seconds after it succeeded or failed.",
+        ge=0,
+        le=INT32_MAX,
+    )
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description=(
+            "Labels, annotations and scheduling settings added to every pod; may change only "
+            "while the job is suspended."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _resources_without_profile(self) -> Self:
+        if self.instance_type not in profiles.BUILT_IN_PROFILES and self.resources is None:
+            raise ValueError(PROFILE_REQUIRED_MESSAGE)
+        names = [e.name for e in self.env]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"env: duplicate names {duplicates}")
+        return self
+
+    @property
+    def effective_procs_per_node(self) -> int:
+        return profiles.resolve_profile(self).procs_per_node
+
+
+# --- status -----------------------------------------------------------------------------------
+
+ConditionType = Literal["Ready", "Running", "Recovering", "Suspended", "Succeeded", "Failed"]
+JobState = Literal["Pending", "Running", "Recovering", "Suspended", "Succeeded", "Failed"]
+Timestamp = Annotated[AwareDatetime, Field(strict=False)]
+
+
+class Condition(ApiModel):
+    """A metav1.Condition: one aspect of the job's state with the time it last changed."""
+
+    type: ConditionType = Field(
+        description=(
+            "`Ready` (summary: the job is training or finished well), `Running`, `Recovering`, "
+            "`Suspended`, `Succeeded`, `Failed`."
+        )
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="`True`, `False`, `Unknown`.")
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation the condition was computed from.", ge=0
+    )
+    last_transition_time: Timestamp = Field(description="When status last changed.")
+    reason: str = Field(
+        description="Why, as one CamelCase word.",
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+    )
+    message: str = Field(default="", description="Why, as a sentence for humans.", max_length=32768)
+
+
+class LastCheckpoint(ApiModel):
+    """The newest committed checkpoint."""
+
+    step: int = Field(description="Optimizer step of the checkpoint.", ge=0)
+    time: Timestamp | None = Field(default=None, description="When it was committed.")
+
+
+class RestartCounts(ApiModel):
+    """Restarts of this job by kind (cumulative, never reset)."""
+
+    total: int = Field(default=0, description="Sum of rank, full, launcher and inProcess.", ge=0)
+    rank: int = Field(default=0, description="Pods replaced for one node index.", ge=0)
+    full: int = Field(default=0, description="Restarts of every pod.", ge=0)
+    launcher: int = Field(
+        default=0, description="Worker restarts by ft_launcher inside a pod.", ge=0
+    )
+    in_process: int = Field(default=0, description="In-process restarts by NVRx.", ge=0)
+
+
+class RankStatus(ApiModel):
+    """Observed state of one node index (one trainer pod)."""
+
+    node_index: int = Field(description="Node index (the pod's RTJ_NODE_INDEX).", ge=0)
+    pod: str | None = Field(default=None, description="Name of the current pod.", max_length=253)
+    node: str | None = Field(
+        default=None, description="Kubernetes node the pod runs on.", max_length=253
+    )
+    state: str | None = Field(
+        default=None,
+        description="State of the pod's workers, for example `Pending`, `Running`, `Hung`, "
+        "`Restarting`, `Failed`, `Succeeded`.",
+        max_length=32,
+    )
+    last_heartbeat_time: Timestamp | None = Field(
+        default=None, description="Newest heartbeat of the node's ranks."
+    )
+    step: int | None = Field(
+        default=None, description="Last completed step of the node's ranks.", ge=0
+    )
+    restarts: int | None = Field(default=None, description="Restarts of this node index.", ge=0)
+    attempt: int | None = Field(
+        default=None, description="Attempt number of the current pod.", ge=0
+    )
+
+
+class Incident(ApiModel):
+    """One fault and the recovery the operator chose for it."""
+
+    cause: str = Field(
+        description="What went wrong, for example `PodFailed`, `HeartbeatTimeout`, "
+        "`ProgressTimeout`, `NodeLost`.",
+        max_length=64,
+    )
+    node_index: int | None = Field(default=None, description="Node index of the faulty pod.", ge=0)
+    rank: int | None = Field(default=None, description="Global rank of the faulty process.", ge=0)
+    detected_time: Timestamp = Field(description="When the operator saw the fault.")
+    acted_time: Timestamp | None = Field(default=None, description="When recovery began.")
+    recovered_time: Timestamp | None = Field(
+        default=None, description="When training made progress again."
+    )
+    seconds: Annotated[float, Field(strict=False)] | None = Field(
+        default=None, description="Seconds from detection to recovery.", ge=0
+    )
+    action: str | None = Field(
+        default=None,
+        description="Recovery taken, for example `InProcessRestart`, `LauncherRestart`, "
+        "`RankRestart`, `FullRestart`, `Fail`.",
+        max_length=64,
+    )
+    message: str | None = Field(default=None, description="Details for humans.", max_length=1024)
+
+
+class ResilientTrainingJobStatus(ApiModel):
+    """Observed state of a ResilientTrainingJob, written only by the operator."""
+
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation this status describes.", ge=0
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Conditions, one per type; `Ready` is the summary.",
+        max_length=MAX_CONDITIONS,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    state: JobState | None = Field(
+        default=None,
+        description="One-word summary for `kubectl get`: Pending, Running, Recovering, "
+        "Suspended, Succeeded, Failed. Read conditions for the details.",
+    )
+    nodes_ready: int | None = Field(
+        default=None, description="Trainer pods running and ready.", ge=0
+    )
+    nodes_desired: int | None = Field(default=None, description="Trainer pods wanted.", ge=0)
+    nodes: str | None = Field(
+        default=None, description="`ready/desired`, for `kubectl get`.", max_length=16
+    )
+    step: int | None = Field(default=None, description="Last step completed by every rank.", ge=0)
+    last_checkpoint: LastCheckpoint | None = Field(
+        default=None, description="The newest committed checkpoint."
+    )
+    restarts: RestartCounts | None = Field(default=None, description="Restarts by kind.")
+    ranks: list[RankStatus] = Field(
+        default_factory=list,
+        description="One entry per node index.",
+        max_length=MAX_NODES,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["nodeIndex"],
+        },
+    )
+    incidents: list[Incident] = Field(
+        default_factory=list,
+        description=f"The last {MAX_INCIDENTS} faults, oldest first.",
+        max_length=MAX_INCIDENTS,
+    )
+    goodput: str | None = Field(
+        default=None,
+        description="Share of wall time spent in steps that were kept, for example `93.1%`.",
+        max_length=8,
+        pattern=r"^[0-9]{1,3}(\.[0-9])?%$",
+    )
+    start_time: Timestamp | None = Field(
+        default=None, description="When the job first started pods."
+    )
+    completion_time: Timestamp | None = Field(
+        default=None, description="When the job succeeded or failed."
+    )
+    reason: str | None = Field(
+        default=None,
+        description="Reason of the current state, one CamelCase word.",
+        max_length=1024,
+    )
+    message: str | None = Field(
+        default=None, description="The current state explained in a sentence.", max_length=32768
+    )
+
+
+# --- the resource -----------------------------------------------------------------------------
+
+JOB_NAME_RULE = cel(
+    f"self.metadata.name.size() <= {MAX_JOB_NAME_LENGTH} "
+    "&& self.metadata.name.matches('" + DNS_LABEL_1035 + "')",
+    f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters of lower-case letters, "
+    "digits and '-', starting with a letter: pod hostnames `<name>-<index>` and the Service "
+    "`<name>-rdzv` are derived from it and must be DNS labels",
+    field_path=".metadata.name",
+    reason="FieldValueInvalid",
+)
+
+
+class ObjectMeta(BaseModel):
+    """The parts of metav1.ObjectMeta the operator reads; other fields are kept but not typed."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="allow", alias_generator=to_camel)
+
+    name: str | None = None
+    namespace: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+    resource_version: str | None = None
+    creation_timestamp: datetime | None = None
+    deletion_timestamp: datetime | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name_fits_pod_hostnames(cls, name: str | None) -> str | None:
+        if name is not None and (
+            len(name) > MAX_JOB_NAME_LENGTH or not re.fullmatch(DNS_LABEL_1035, name)
+        ):
+            raise ValueError(JOB_NAME_RULE["message"])
+        return name
+
+
+class ResilientTrainingJob(ApiModel):
+    """A multi-node PyTorch training job that recovers from faults by restarting only the failed
+    rank where it can, bounded by restart budgets, and reports its progress in status."""
+
+    model_config = ConfigDict(json_schema_extra=validations(JOB_NAME_RULE))
+
+    api_version: Literal["training.resilient.dev/v1alpha1"] = Field(
+        default="training.resilient.dev/v1alpha1", description="training.resilient.dev/v1alpha1"
+    )
+    kind: Literal["ResilientTrainingJob"] = Field(
+        default="ResilientTrainingJob", description="ResilientTrainingJob"
+    )
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta, description="Standard metadata.")
+    spec: ResilientTrainingJobSpec
+    status: ResilientTrainingJobStatus | None = None
+
+    @property
+    def name(self) -> str:
+        if self.metadata.name is None:
+            raise ValueError("metadata.name is not set")
+        return self.metadata.name
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """RTJ_CHECKPOINT_DIR: `<mountPath>/<path>`, where path defaults to the job's name."""
+        sub = self.spec.checkpoint.path or self.name
+        return f"{self.spec.checkpoint.mount_path.rstrip('/')}/{sub}"
+
+    @property
+    def checkpoint_claim_name(self) -> str:
+        """Claim mounted by every trainer pod: the given one or `<name>-checkpoints`."""
+        return self.spec.checkpoint.claim_name or f"{self.name}-checkpoints"
+
+
+def _plain(value: Any) -> Any:
+    """Deep copy of a Mapping/sequence tree into dicts and lists (kopf bodies are views)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def parse_job(body: Mapping[str, Any]) -> ResilientTrainingJob:
+    """Parse a ResilientTrainingJob object (a kopf body, a dict, a loaded YAML document).
+
+    Raises pydantic.ValidationError whose messages name the offending field.
+    """
+    return ResilientTrainingJob.model_validate(_plain(body))
+
+
+def parse_spec(spec: Mapping[str, Any]) -> ResilientTrainingJobSpec:
+    """Parse only a spec (for example kopf's `spec` handler argument)."""
+    return ResilientTrainingJobSpec.model_validate(_plain(spec))
+
+
+def parse_status(status: Mapping[str, Any]) -> ResilientTrainingJobStatus:
+    """Parse only a status, as stored on the server."""
+    return ResilientTrainingJobStatus.model_validate(_plain(status))
