@@ -1,0 +1,246 @@
+"""What the process-backed nodes know and report: p5 Node objects, pod runtime records, statuses.
+
+Pure builders (no API calls), kept apart from the reconcile loop in `nodes` so they are easy to
+read and to unit-test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from harness.kubeapi import JsonObject
+
+KUBELET_VERSION = "v1.34.4"
+
+P5_RESOURCES = {
+    "cpu": "192",
+    "memory": "2048Gi",
+    "nvidia.com/gpu": "8",
+    "vpc.amazonaws.com/efa": "32",
+    "hugepages-2Mi": "8Gi",
+    "hugepages-1Gi": "0",
+    "ephemeral-storage": "3500Gi",
+    "pods": "110",
+}
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def now_micro() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def node_manifest(name: str, index: int, zone: str = "us-east-2a") -> JsonObject:
+    """The Node object (metadata + spec) of a p5.48xlarge-shaped harness node."""
+    labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "node.kubernetes.io/instance-type": "p5.48xlarge",
+        "beta.kubernetes.io/instance-type": "p5.48xlarge",
+        "topology.kubernetes.io/region": zone[:-1],
+        "topology.kubernetes.io/zone": zone,
+        "nvidia.com/gpu.present": "true",
+        "vpc.amazonaws.com/efa.present": "true",
+        "harness.local/node-index": str(index),
+    }
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+
+def node_conditions(ready: bool, heartbeat: str, transition: str) -> list[JsonObject]:
+    def condition(kind: str, status: str, reason: str, message: str) -> JsonObject:
+        return {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastHeartbeatTime": heartbeat,
+            "lastTransitionTime": transition,
+        }
+
+    return [
+        condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "harness node"),
+        condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "harness node"),
+        condition("PIDPressure", "False", "KubeletHasSufficientPID", "harness node"),
+        condition("Ready", "True", "KubeletReady", "harness kubelet is posting ready status")
+        if ready
+        else condition("Ready", "False", "KubeletNotReady", "marked NotReady by the test harness"),
+    ]
+
+
+def node_status(name: str, ip: str, ready: bool, transition: str) -> JsonObject:
+    """Full Node status: p5 capacity (= allocatable), conditions, addresses, node info."""
+    return {
+        "capacity": dict(P5_RESOURCES),
+        "allocatable": dict(P5_RESOURCES),
+        "conditions": node_conditions(ready, now_rfc3339(), transition),
+        "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        "nodeInfo": {
+            "machineID": name,
+            "systemUUID": name,
+            "bootID": name,
+            "kernelVersion": os.uname().release,
+            "osImage": "harness process-backed node",
+            "containerRuntimeVersion": "harness://1",
+            "kubeletVersion": KUBELET_VERSION,
+            "kubeProxyVersion": KUBELET_VERSION,
+            "operatingSystem": "linux",
+            "architecture": "amd64",
+        },
+    }
+
+
+def exit_code_of(returncode: int) -> int:
+    """Popen's -N (killed by signal N) becomes 128+N, as kubelet reports it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass
+class ContainerRun:
+    """One container: its current process, and its restart bookkeeping (Always/OnFailure)."""
+
+    name: str
+    image: str
+    popen: subprocess.Popen[bytes]
+    started_at: str
+    cgroup: Path | None
+    spec_file: Path
+    log_file: Path
+    exit_code: int | None = None
+    finished_at: str | None = None
+    restart_count: int = 0
+    restart_at: float | None = None
+    last_terminated: JsonObject | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.exit_code is None
+
+    @property
+    def active(self) -> bool:
+        """Running, or waiting to be restarted (the pod is still Running then)."""
+        return self.running or self.restart_at is not None
+
+    def terminated_state(self) -> JsonObject:
+        return {
+            "terminated": {
+                "exitCode": self.exit_code,
+                "reason": "Completed" if self.exit_code == 0 else "Error",
+                "startedAt": self.started_at,
+                "finishedAt": self.finished_at,
+                "containerID": f"harness://{self.popen.pid}",
+            }
+        }
+
+    def status(self) -> JsonObject:
+        if self.running:
+            state: JsonObject = {"running": {"startedAt": self.started_at}}
+        elif self.restart_at is not None:
+            message = "back-off restarting failed container"
+            state = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
+        else:
+            state = self.terminated_state()
+        return {
+            "name": self.name,
+            "image": self.image,
+            "imageID": "",
+            "containerID": f"harness://{self.popen.pid}",
+            "ready": self.running,
+            "started": self.running,
+            "restartCount": self.restart_count,
+            "state": state,
+            "lastState": self.last_terminated or {},
+        }
+
+
+def restart_delay(restarts_so_far: int) -> float:
+    """kubelet's back-off: the first restart at once, then 10 s doubling up to 5 minutes."""
+    return 0.0 if restarts_so_far == 0 else min(10.0 * 2 ** (restarts_so_far - 1), 300.0)
+
+
+@dataclass
+class PodRun:
+    """A pod whose containers this harness started."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    ip: str
+    host_ip: str
+    hostname: str
+    hostname_is_explicit: bool
+    subdomain: str | None
+    restart_policy: str
+    pod_dir: Path
+    hosts_file: Path
+    start_time: str
+    cgroup: Path | None
+    containers: dict[str, ContainerRun] = field(default_factory=dict)
+    host_mountpoints: list[Path] = field(default_factory=list)
+    hosts_text: str = ""
+    kill_deadline: float | None = None
+    vanished: bool = False
+    cleaned: bool = False
+
+    @property
+    def alive(self) -> bool:
+        return any(c.active for c in self.containers.values())
+
+    @property
+    def phase(self) -> str:
+        if self.alive:
+            return "Running"
+        codes = [c.exit_code for c in self.containers.values()]
+        return "Succeeded" if all(code == 0 for code in codes) else "Failed"
+
+    def pgids(self) -> dict[str, int]:
+        return {name: c.popen.pid for name, c in self.containers.items()}
+
+
+class NotReadyToStart(Exception):
+    """The pod cannot start yet (PVC not bound, ConfigMap missing...); retried every second."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def pod_conditions(pod: JsonObject, run: PodRun | None, ready: bool) -> list[JsonObject]:
+    """Full condition list (merge patch replaces lists), keeping the scheduler's PodScheduled."""
+    now = now_rfc3339()
+    old = {c["type"]: c for c in pod.get("status", {}).get("conditions", []) or []}
+
+    def condition(kind: str, status: bool, reason: str | None = None) -> JsonObject:
+        value = "True" if status else "False"
+        previous = old.get(kind)
+        since = now
+        if previous is not None and previous.get("status") == value:
+            since = previous.get("lastTransitionTime", now)
+        result: JsonObject = {
+            "type": kind,
+            "status": value,
+            "lastProbeTime": None,
+            "lastTransitionTime": since,
+        }
+        if reason and not status:
+            result["reason"] = reason
+        return result
+
+    scheduled = old.get("PodScheduled") or condition("PodScheduled", True)
+    not_ready_reason = "PodCompleted" if run is not None and not run.alive else "ContainersNotReady"
+    return [
+        condition("PodReadyToStartContainers", run is not None and run.alive),
+        condition("Initialized", True),
+        condition("ContainersReady", ready, not_ready_reason),
+        condition("Ready", ready, not_ready_reason),
+        scheduled,
+    ]
