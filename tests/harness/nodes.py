@@ -645,10 +645,16 @@ class Kubelet:
         hostname = (pod["spec"].get("hostname") or pod["metadata"]["name"])[:63]
         env = {**os.environ, "HOSTNAME": hostname, **container_env}
         mounts: dict[str, tuple[str, bool]] = {
-            "/tmp": (str(pod_dir / "tmp"), False),
             "/dev/shm": (str(pod_dir / "shm"), False),
             "/etc/hosts": (str(pod_dir / "hosts"), False),
         }
+        if Path("/tmp") in pod_dir.resolve().parents:
+            # A private /tmp would hide the pod's own directory (its working directory, which
+            # spawned children such as NVRx's checkpoint worker chdir into by path): give the
+            # pod its private temp dir through TMPDIR instead.
+            env["TMPDIR"] = str(pod_dir / "tmp")
+        else:
+            mounts["/tmp"] = (str(pod_dir / "tmp"), False)
         for mount in container.get("volumeMounts", []) or []:
             if mount["name"] not in volumes:
                 raise NotReadyToStart("CreateContainerConfigError", f"no volume {mount['name']}")

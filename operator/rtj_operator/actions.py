@@ -1,0 +1,121 @@
+"""Apply the actions of a decision through the Kubernetes API.
+
+Every action is idempotent, because a pass can be repeated at any time: creating an object that
+already exists (409) and deleting one that is already gone (404) or was replaced (409 on the UID
+precondition) are no-ops. Other API errors surface as `kopf.TemporaryError`, so kopf retries the
+pass a moment later. Events are not posted here but by the handler, through kopf.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import kopf
+import kubernetes.client
+from kubernetes.client.exceptions import ApiException
+
+from rtj_operator import decisions
+from rtj_operator.api import GROUP, PLURAL, VERSION
+
+RETRY_DELAY_SECONDS = 2.0
+
+
+def _create(core: kubernetes.client.CoreV1Api, namespace: str, manifest: dict[str, Any]) -> None:
+    kind = manifest["kind"]
+    body: Any = manifest  # the client serialises plain dicts as they are
+    if kind == "Pod":
+        core.create_namespaced_pod(namespace, body)
+    elif kind == "Service":
+        core.create_namespaced_service(namespace, body)
+    elif kind == "PersistentVolumeClaim":
+        core.create_namespaced_persistent_volume_claim(namespace, body)
+    else:
+        raise ValueError(f"cannot create a {kind}")
+
+
+def _apply_one(
+    api: kubernetes.client.ApiClient, namespace: str, job_name: str, action: decisions.Action
+) -> None:
+    core = kubernetes.client.CoreV1Api(api)
+    try:
+        if isinstance(action, decisions.CreateObject):
+            _create(core, namespace, action.manifest)
+        elif isinstance(action, decisions.DeletePod):
+            core.delete_namespaced_pod(
+                action.name, namespace,
+                body=kubernetes.client.V1DeleteOptions(
+                    preconditions=kubernetes.client.V1Preconditions(uid=action.uid)
+                ),
+            )
+        elif isinstance(action, decisions.SetClaimOwner):
+            owners = [action.owner] if action.owner is not None else None
+            core.patch_namespaced_persistent_volume_claim(
+                action.name, namespace, {"metadata": {"ownerReferences": owners}}
+            )
+        elif isinstance(action, decisions.DeleteJob):
+            kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, job_name,
+                body=kubernetes.client.V1DeleteOptions(propagation_policy="Background"),
+            )
+    except ApiException as error:
+        if error.status in (404, 409):
+            return  # already there / already gone / already replaced
+        raise kopf.TemporaryError(
+            f"{type(action).__name__} failed: {error.status} {error.reason}",
+            delay=RETRY_DELAY_SECONDS,
+        ) from error
+
+
+def _apply_all(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    job_name: str,
+    actions: Sequence[decisions.Action],
+) -> None:
+    for action in actions:
+        if not isinstance(action, decisions.PostEvent):
+            _apply_one(api, namespace, job_name, action)
+
+
+async def apply(
+    api: kubernetes.client.ApiClient,
+    *,
+    namespace: str,
+    job_name: str,
+    actions: Sequence[decisions.Action],
+) -> None:
+    """Apply the actions in order, in a worker thread (the client is synchronous)."""
+    await asyncio.to_thread(_apply_all, api, namespace, job_name, actions)
+
+
+def _delete_children(
+    api: kubernetes.client.ApiClient, namespace: str, selector: str, keep_claims: bool
+) -> None:
+    core = kubernetes.client.CoreV1Api(api)
+    lists: list[tuple[Any, Any]] = [
+        (core.list_namespaced_pod, core.delete_namespaced_pod),
+        (core.list_namespaced_service, core.delete_namespaced_service),
+    ]
+    if not keep_claims:
+        lists.append((core.list_namespaced_persistent_volume_claim,
+                      core.delete_namespaced_persistent_volume_claim))
+    for list_call, delete_call in lists:
+        for item in list_call(namespace, label_selector=selector).items:
+            _ignore_gone(delete_call, item.metadata.name, namespace)
+
+
+def _ignore_gone(call: Any, name: str, namespace: str) -> None:
+    try:
+        call(name, namespace)
+    except ApiException as error:
+        if error.status != 404:
+            raise
+
+
+async def delete_children(
+    api: kubernetes.client.ApiClient, *, namespace: str, selector: str, keep_claims: bool
+) -> None:
+    """Delete every child of a deleted job at once (the garbage collector would too, later)."""
+    await asyncio.to_thread(_delete_children, api, namespace, selector, keep_claims)

@@ -1,0 +1,364 @@
+"""Every Kubernetes object the operator creates for a job, as pure functions of the parsed job.
+
+Objects (names and labels in docs/design.md): the trainer pods `<job>-<i>`, the rendezvous pod and
+ClusterIP Service `<job>-rdzv`, the headless Service `<job>`, and, for a dynamic checkpoint
+volume, the ReadWriteMany claim `<job>-checkpoints`. Each carries an ownerReference to the job
+(controller=true), so deleting the job deletes them through the garbage collector. Golden tests
+pin the p5.48xlarge trainer pod (tests/unit/golden/).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rtj_operator import launcher, naming, profiles
+from rtj_operator.api import API_VERSION, KIND
+from rtj_operator.api.models import ResilientTrainingJob
+from rtj_operator.config import OperatorSettings
+
+Manifest = dict[str, Any]
+
+# EFA and NCCL environment of trainer pods that get EFA devices / GPUs. Sources:
+# [aws-sample] awslabs/awsome-distributed-training, 3.test_cases/pytorch/nvrx manifests (summarised
+#   in ../shared/docs/nvrx.md section 8.2); [ofi-nccl] the aws-ofi-nccl wiki "Environment
+#   Variables"; [efa-docs] AWS EFA user guide ("Get started with EFA and NCCL").
+EFA_ENV: tuple[tuple[str, str], ...] = (
+    # libfabric must pick the EFA provider, never fall back to TCP sockets [aws-sample, efa-docs].
+    ("FI_PROVIDER", "efa"),
+    # GPUDirect RDMA: EFA reads and writes GPU memory directly on p4d/p5 [efa-docs; the
+    # aws-sample Dockerfile says "only for P5; set it in the manifest"].
+    ("FI_EFA_USE_DEVICE_RDMA", "1"),
+    # ft_launcher and dataloaders fork/spawn processes after libfabric is loaded; make
+    # libfabric's EFA provider and rdma-core safe across fork [aws-sample].
+    ("FI_EFA_FORK_SAFE", "1"),
+    ("RDMAV_FORK_SAFE", "1"),
+)
+NCCL_ENV: tuple[tuple[str, str], ...] = (
+    # NCCL's bootstrap and socket traffic must not use loopback or container bridges
+    # [aws-sample uses ^docker,lo,veth; ofi-nccl excludes lo,docker0 by default].
+    ("NCCL_SOCKET_IFNAME", "^lo,docker,veth"),
+    # NVLink SHARP (NVLS) buffers are not released on communicator abort, which in-process
+    # restart relies on; the aws-sample sets it on every manifest.
+    ("NCCL_NVLS_ENABLE", "0"),
+    # The NCCL watchdog aborts the communicator and ends the process on an async error so that
+    # ft_launcher sees a failed worker instead of a hang [aws-sample; ft_launcher's default].
+    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+)
+IN_PROCESS_RESTART_NCCL_ENV: tuple[tuple[str, str], ...] = (
+    # With in-process restart, CUDA errors seen by the watchdog must not be rethrown into the
+    # training thread as fatal [aws-sample in-process manifests].
+    ("TORCH_NCCL_RETHROW_CUDA_ERRORS", "0"),
+)
+
+RENDEZVOUS_REQUESTS = {"cpu": "250m", "memory": "512Mi"}
+"""nvrx-control is a small Python process (the TCPStore and the round loop)."""
+
+
+def owner_reference(job: ResilientTrainingJob) -> Manifest:
+    """The ownerReference every child carries: the job, as controller."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job.name,
+        "uid": job.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _namespace(job: ResilientTrainingJob) -> str:
+    if job.metadata.namespace is None:
+        raise ValueError("metadata.namespace is not set")
+    return job.metadata.namespace
+
+
+def _metadata(
+    job: ResilientTrainingJob,
+    *,
+    name: str,
+    labels: dict[str, str],
+    annotations: dict[str, str] | None = None,
+    owned: bool = True,
+) -> Manifest:
+    meta: Manifest = {"name": name, "namespace": _namespace(job), "labels": labels}
+    if annotations:
+        meta["annotations"] = annotations
+    if owned:
+        meta["ownerReferences"] = [owner_reference(job)]
+    return meta
+
+
+def _pod_labels(job: ResilientTrainingJob, role: str) -> dict[str, str]:
+    template = job.spec.pod_template
+    labels = dict(template.labels) if template is not None else {}
+    labels.update({naming.JOB_LABEL: job.name, naming.ROLE_LABEL: role})
+    return labels
+
+
+def _scheduling(job: ResilientTrainingJob) -> Manifest:
+    """The podTemplate fields that apply to every pod of the job (trainer and rendezvous)."""
+    template = job.spec.pod_template
+    if template is None:
+        return {}
+    spec: Manifest = {}
+    if template.affinity:
+        spec["affinity"] = template.affinity
+    if template.priority_class_name:
+        spec["priorityClassName"] = template.priority_class_name
+    if template.service_account_name:
+        spec["serviceAccountName"] = template.service_account_name
+    if template.scheduler_name:
+        spec["schedulerName"] = template.scheduler_name
+    return spec
+
+
+def _template_tolerations(job: ResilientTrainingJob) -> list[Manifest]:
+    template = job.spec.pod_template
+    return [t.to_api() for t in template.tolerations] if template is not None else []
+
+
+def _field_env(name: str, field_path: str) -> Manifest:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
+
+
+def _value_env(pairs: list[tuple[str, str]]) -> list[Manifest]:
+    return [{"name": name, "value": value} for name, value in pairs]
+
+
+def trainer_env(
+    job: ResilientTrainingJob, *, node_index: int, attempt: int, settings: OperatorSettings
+) -> list[Manifest]:
+    """The trainer container's environment (the contract in docs/design.md), then the
+    instance's EFA/NCCL settings, then spec.env (which wins over the EFA/NCCL defaults)."""
+    spec = job.spec
+    resolved = profiles.resolve_profile(spec)
+    downward = [
+        _field_env("POD_IP", "status.podIP"),
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("POD_NAMESPACE", "metadata.namespace"),
+        # The metrics server binds the pod IP only.
+        _field_env("RTJ_METRICS_HOST", "status.podIP"),
+    ]
+    contract = [
+        ("RTJ_JOB_NAME", job.name),
+        ("RTJ_JOB_UID", launcher.rendezvous_id(job)),
+        ("RTJ_NODE_INDEX", str(node_index)),
+        # ft_launcher orders nodes by GROUP_RANK: pod <job>-0 hosts global rank 0 (nvrx.md E7).
+        ("GROUP_RANK", str(node_index)),
+        ("RTJ_NNODES", str(spec.nodes)),
+        ("RTJ_PROCS_PER_NODE", str(resolved.procs_per_node)),
+        ("RTJ_ATTEMPT", str(attempt)),
+        ("RTJ_CHECKPOINT_DIR", job.checkpoint_dir),
+        ("RTJ_CHECKPOINT_INTERVAL_STEPS", str(spec.checkpoint.interval_steps)),
+        ("RTJ_CHECKPOINT_KEEP", str(spec.checkpoint.keep)),
+        ("RTJ_CHECKPOINT_MODE", spec.checkpoint.mode.lower()),
+        ("RTJ_METRICS_PORT", str(settings.trainer_metrics_port)),
+        ("RTJ_INPROCESS_RESTART",
+         "1" if spec.fault_tolerance.in_process_restart == "Enabled" else "0"),
+        ("RTJ_HEARTBEAT_TIMEOUT_SECONDS", str(spec.fault_tolerance.heartbeat_timeout_seconds)),
+    ]
+    platform: dict[str, str] = dict(resolved.env)
+    if launcher.requested_count(resolved, profiles.EFA_RESOURCE) > 0:
+        platform.update(EFA_ENV)
+    if launcher.requested_count(resolved, profiles.GPU_RESOURCE) > 0:
+        platform.update(NCCL_ENV)
+        if spec.fault_tolerance.in_process_restart == "Enabled":
+            platform.update(IN_PROCESS_RESTART_NCCL_ENV)
+    user = [e.to_api() for e in spec.env]
+    user_names = {e.name for e in spec.env}
+    platform_env = _value_env([(k, v) for k, v in platform.items() if k not in user_names])
+    return [*downward, *_value_env(contract), *platform_env, *user]
+
+
+def trainer_pod(
+    job: ResilientTrainingJob, *, node_index: int, attempt: int, settings: OperatorSettings
+) -> Manifest:
+    """Trainer pod `<job>-<i>`: one ft_launcher that runs procsPerNode workers."""
+    spec = job.spec
+    resolved = profiles.resolve_profile(spec)
+    name = naming.trainer_pod_name(job.name, node_index)
+    labels = _pod_labels(job, naming.ROLE_TRAINER)
+    labels.update({naming.NODE_INDEX_LABEL: str(node_index), naming.ATTEMPT_LABEL: str(attempt)})
+    template = spec.pod_template
+    annotations = dict(template.annotations) if template is not None else {}
+
+    efa = launcher.requested_count(resolved, profiles.EFA_RESOURCE)
+    gpus = launcher.requested_count(resolved, profiles.GPU_RESOURCE)
+    tolerations: list[Manifest] = []
+    if gpus:
+        tolerations.append(
+            {"key": profiles.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+        )
+    if efa:
+        tolerations.append(
+            {"key": profiles.EFA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+        )
+    tolerations.extend(_template_tolerations(job))
+
+    mounts: list[Manifest] = [
+        {"name": naming.CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path}
+    ]
+    volumes: list[Manifest] = [
+        {
+            "name": naming.CHECKPOINT_VOLUME,
+            "persistentVolumeClaim": {"claimName": job.checkpoint_claim_name},
+        }
+    ]
+    if resolved.shm_size is not None:
+        # NCCL and dataloader workers need far more shared memory than the runtime's 64 MiB.
+        mounts.append({"name": naming.SHM_VOLUME, "mountPath": "/dev/shm"})
+        volumes.append(
+            {"name": naming.SHM_VOLUME,
+             "emptyDir": {"medium": "Memory", "sizeLimit": resolved.shm_size}}
+        )
+
+    container: Manifest = {
+        "name": naming.TRAINER_CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": launcher.trainer_argv(job, settings),
+        "env": trainer_env(job, node_index=node_index, attempt=attempt, settings=settings),
+        "ports": [
+            {"name": f"metrics-{r}", "containerPort": settings.trainer_metrics_port + r,
+             "protocol": "TCP"}
+            for r in range(resolved.procs_per_node)
+        ],
+        "resources": {
+            key: value
+            for key, value in (("requests", resolved.requests), ("limits", resolved.limits))
+            if value
+        },
+        "volumeMounts": mounts,
+    }
+    if efa:
+        # EFA registers (pins) memory for RDMA, which needs IPC_LOCK [aws-sample].
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+
+    pod_spec: Manifest = {
+        "hostname": name,
+        "subdomain": naming.headless_service_name(job.name),
+        # The operator, not the kubelet, decides restarts.
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": launcher.termination_grace_period_seconds(job),
+        "enableServiceLinks": False,
+        "containers": [container],
+        "volumes": volumes,
+        **_scheduling(job),
+    }
+    if resolved.node_selector:
+        pod_spec["nodeSelector"] = dict(resolved.node_selector)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(job, name=name, labels=labels, annotations=annotations),
+        "spec": pod_spec,
+    }
+
+
+def rendezvous_pod(job: ResilientTrainingJob, *, settings: OperatorSettings) -> Manifest:
+    """Rendezvous pod `<job>-rdzv`: nvrx-control hosting the store, so that no trainer pod is
+    special and any of them can be lost (nvrx.md E5/E6). Same image as the trainer."""
+    spec = job.spec
+    name = naming.rendezvous_name(job.name)
+    template = spec.pod_template
+    annotations = dict(template.annotations) if template is not None else {}
+    pod_spec: Manifest = {
+        "hostname": name,
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 10,
+        "containers": [
+            {
+                "name": naming.RENDEZVOUS_CONTAINER,
+                "image": spec.image,
+                "imagePullPolicy": spec.image_pull_policy,
+                "command": launcher.rendezvous_argv(job, settings),
+                "env": [_field_env("POD_IP", "status.podIP")],
+                "ports": [{"name": "rendezvous", "containerPort": settings.rendezvous_port,
+                           "protocol": "TCP"}],
+                "resources": {"requests": dict(RENDEZVOUS_REQUESTS)},
+            }
+        ],
+        **_scheduling(job),
+    }
+    if template is not None and template.node_selector:
+        pod_spec["nodeSelector"] = dict(template.node_selector)
+    tolerations = _template_tolerations(job)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(
+            job, name=name, labels=_pod_labels(job, naming.ROLE_RENDEZVOUS),
+            annotations=annotations,
+        ),
+        "spec": pod_spec,
+    }
+
+
+def _service_labels(job: ResilientTrainingJob) -> dict[str, str]:
+    return {naming.JOB_LABEL: job.name}
+
+
+def rendezvous_service(job: ResilientTrainingJob, *, settings: OperatorSettings) -> Manifest:
+    """ClusterIP Service `<job>-rdzv`: the stable address trainers join (`--rdzv-endpoint`)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(
+            job, name=naming.rendezvous_name(job.name), labels=_service_labels(job)
+        ),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {naming.JOB_LABEL: job.name, naming.ROLE_LABEL: naming.ROLE_RENDEZVOUS},
+            "ports": [{"name": "rendezvous", "port": settings.rendezvous_port,
+                       "targetPort": settings.rendezvous_port, "protocol": "TCP"}],
+        },
+    }
+
+
+def headless_service(job: ResilientTrainingJob, *, settings: OperatorSettings) -> Manifest:
+    """Headless Service `<job>`: DNS names `<job>-<i>.<job>.<ns>.svc` for the trainer pods."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(
+            job, name=naming.headless_service_name(job.name), labels=_service_labels(job)
+        ),
+        "spec": {
+            "clusterIP": "None",
+            # Pods must resolve each other before they are ready (during rendezvous).
+            "publishNotReadyAddresses": True,
+            "selector": {naming.JOB_LABEL: job.name, naming.ROLE_LABEL: naming.ROLE_TRAINER},
+            "ports": [{"name": "metrics", "port": settings.trainer_metrics_port,
+                       "targetPort": settings.trainer_metrics_port, "protocol": "TCP"}],
+        },
+    }
+
+
+def checkpoint_claim(job: ResilientTrainingJob) -> Manifest:
+    """ReadWriteMany claim `<job>-checkpoints` from spec.checkpoint.storageClassName.
+
+    Owned by the job (deleted with it) unless claimDeletePolicy is Retain.
+    """
+    checkpoint = job.spec.checkpoint
+    if checkpoint.storage_class_name is None or checkpoint.size is None:
+        raise ValueError("checkpoint_claim needs checkpoint.storageClassName and size")
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(
+            job,
+            name=naming.dynamic_claim_name(job.name),
+            labels=_service_labels(job),
+            owned=checkpoint.effective_claim_delete_policy == "Delete",
+        ),
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": checkpoint.storage_class_name,
+            "resources": {"requests": {"storage": checkpoint.size}},
+        },
+    }

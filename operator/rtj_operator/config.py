@@ -1,0 +1,143 @@
+"""Operator settings, read from the environment once at start-up into one typed object.
+
+Every setting is a field of `OperatorSettings` with a default, its unit in its name and a
+docstring. The environment variable of a field is `RTJ_OPERATOR_<FIELD NAME IN UPPER CASE>`
+(`reconcile_interval_seconds` -> `RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS`). Parsing is written
+once, generically, from the field types; a bad value fails start-up with an error that names the
+variable, the value and what was expected.
+
+These are settings of the *operator process* (where it listens, how often it reconciles). What a
+training job needs is in the job's spec, not here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ENV_PREFIX = "RTJ_OPERATOR_"
+
+
+class ConfigurationError(ValueError):
+    """An environment variable of the operator has a value it cannot use."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OperatorSettings:
+    """All settings of the operator process."""
+
+    namespace: str = ""
+    """Namespace to watch; empty means every namespace (cluster-wide)."""
+
+    reconcile_interval_seconds: float = 3.0
+    """How often each job is reconciled (level-based), in seconds."""
+
+    scrape_timeout_seconds: float = 1.0
+    """Time limit of one HTTP GET of a trainer rank's /metrics endpoint, in seconds."""
+
+    trainer_metrics_port: int = 9400
+    """Base port of the trainers' metrics (`RTJ_METRICS_PORT`); local rank r serves on base + r."""
+
+    rendezvous_port: int = 29400
+    """Port of the job's rendezvous store (nvrx-control) and its Service."""
+
+    rendezvous_join_timeout_seconds: int = 600
+    """How long launchers wait in a rendezvous round for every node (`join_timeout`). It must
+    cover the time to create and start a replacement pod."""
+
+    metrics_host: str = "127.0.0.1"
+    """Address the operator's own Prometheus metrics server binds (the chart sets 0.0.0.0)."""
+
+    metrics_port: int = 8090
+    """Port of the operator's own Prometheus metrics; 0 turns the server off."""
+
+    liveness_host: str = "127.0.0.1"
+    """Address of the liveness endpoint (the chart sets 0.0.0.0)."""
+
+    liveness_port: int = 8091
+    """Port of the liveness endpoint (`GET /healthz`); 0 turns it off."""
+
+    peering: bool = False
+    """Use kopf peering (several replicas, one active) instead of running standalone."""
+
+    def liveness_endpoint(self) -> str | None:
+        """The URL kopf serves its liveness probe on, or None when it is off."""
+        if self.liveness_port == 0:
+            return None
+        return f"http://{self.liveness_host}:{self.liveness_port}/healthz"
+
+
+def env_name(field_name: str) -> str:
+    """The environment variable that sets a field."""
+    return ENV_PREFIX + field_name.upper()
+
+
+def _coerce(raw: str, kind: type, variable: str) -> object:
+    """Turn the text of an environment variable into a value of a field's type."""
+    text = raw.strip()
+    if kind is bool:
+        lowered = text.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ConfigurationError(f"{variable}={raw!r}: expected true or false")
+    if kind is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigurationError(f"{variable}={raw!r}: expected an integer") from None
+    if kind is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigurationError(f"{variable}={raw!r}: expected a number") from None
+    return raw
+
+
+def _check_ranges(settings: OperatorSettings) -> None:
+    """Reject values of the right type that still make no sense."""
+    positive = ("reconcile_interval_seconds", "scrape_timeout_seconds",
+                "rendezvous_join_timeout_seconds")
+    for name in positive:
+        if getattr(settings, name) <= 0:
+            raise ConfigurationError(f"{env_name(name)}={getattr(settings, name)}: must be > 0")
+    for name in ("trainer_metrics_port", "rendezvous_port", "metrics_port", "liveness_port"):
+        port = getattr(settings, name)
+        if not 0 <= port <= 65535 or (port == 0 and name in ("trainer_metrics_port",
+                                                               "rendezvous_port")):
+            raise ConfigurationError(f"{env_name(name)}={port}: not a usable port")
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> OperatorSettings:
+    """Settings from `environ` (default: the process environment); unset variables keep defaults.
+
+    Raises ConfigurationError naming the variable when a value cannot be used, and also for
+    unknown `RTJ_OPERATOR_*` variables (a typo must not silently keep a default).
+    """
+    env = os.environ if environ is None else environ
+    hints = typing.get_type_hints(OperatorSettings)
+    known = {env_name(f.name): f.name for f in dataclasses.fields(OperatorSettings)}
+    unknown = sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in known)
+    if unknown:
+        raise ConfigurationError(
+            f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    values = {
+        field_name: _coerce(env[variable], hints[field_name], variable)
+        for variable, field_name in known.items()
+        if variable in env
+    }
+    settings = OperatorSettings(**values)  # type: ignore[arg-type]
+    _check_ranges(settings)
+    return settings
+
+
+@functools.cache
+def settings_from_environment() -> OperatorSettings:
+    """The process's settings, parsed once (the handlers need the interval at import time)."""
+    return load_settings()

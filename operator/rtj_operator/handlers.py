@@ -1,0 +1,127 @@
+"""The kopf handlers: the only module with kopf decorators.
+
+Each handler is a few lines: it hands the job to `reconcile.run_pass` (observe -> decide -> act),
+writes the status with one patch and posts one Event per decision. Reconciliation is level-based:
+a timer runs a pass every `RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS`, and create/update/resume run
+one at once so that a new job or a `suspend` flip does not wait for the timer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import kopf
+import kubernetes.client
+import kubernetes.config
+
+from rtj_operator import actions, metrics, naming, reconcile
+from rtj_operator.api import GROUP, PLURAL, VERSION
+from rtj_operator.config import OperatorSettings, settings_from_environment
+
+SETTINGS: OperatorSettings = settings_from_environment()
+RESOURCE = (GROUP, VERSION, PLURAL)
+LOG = logging.getLogger("rtj_operator")
+"""Decisions are logged here; kopf's own per-object logger is quietened (it logs every timer
+run at INFO)."""
+
+
+def _job_memo(memo: kopf.Memo) -> reconcile.JobMemo:
+    if "job" not in memo:
+        memo["job"] = reconcile.JobMemo()
+    job_memo: reconcile.JobMemo = memo["job"]
+    return job_memo
+
+
+async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> None:
+    job_memo = _job_memo(memo)
+    async with job_memo.lock:
+        try:
+            result = await reconcile.run_pass(
+                body=body, memo=job_memo, api=memo["api"], settings=SETTINGS
+            )
+        except reconcile.InvalidJobError as error:
+            metrics.RECONCILE_PASSES.labels(outcome="invalid").inc()
+            if error.status:
+                patch.status.update(error.status)
+                kopf.event(body, type="Warning", reason="InvalidSpec", message=str(error))
+            return
+        except kopf.TemporaryError:
+            metrics.RECONCILE_PASSES.labels(outcome="retry").inc()
+            raise
+    metrics.RECONCILE_PASSES.labels(outcome="ok").inc()
+    memo["health"]["last_pass_monotonic"] = time.monotonic()
+    patch.status.update(result.status_patch)
+    for event in result.events:
+        LOG.info("%s/%s %s: %s", body.metadata.namespace, body.metadata.name, event.reason,
+                 event.message)
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Operator-wide settings: our finalizer and annotation prefix, watch timeouts, clients."""
+    settings.persistence.finalizer = naming.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=naming.ANNOTATION_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=naming.ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    # Re-open watches every few minutes: a silently dropped connection must not leave the
+    # operator blind (kopf's docs on "Watching"; a known issue with idle TCP connections).
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.posting.level = logging.INFO
+    # kopf logs every timer run ("Timer 'reconcile' succeeded") at INFO; keep the decisions.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    load_incluster: Any = kubernetes.config.load_incluster_config  # untyped in the stubs
+    load_kubeconfig: Any = kubernetes.config.load_kube_config
+    try:
+        load_incluster()
+    except kubernetes.config.ConfigException:
+        load_kubeconfig()
+    memo["api"] = kubernetes.client.ApiClient()
+    # A mutable record shared by every job's memo (kopf copies the memo per object, shallowly).
+    memo["health"] = {"last_pass_monotonic": time.monotonic()}
+    metrics.serve(SETTINGS.metrics_host, SETTINGS.metrics_port)
+
+
+@kopf.on.probe(id="seconds_since_last_pass")
+def seconds_since_last_pass(memo: kopf.Memo, **_: Any) -> float:
+    """Liveness detail (`GET /healthz`): seconds since any job's last successful pass."""
+    last: float = memo["health"]["last_pass_monotonic"]
+    return round(time.monotonic() - last, 1)
+
+
+@kopf.timer(*RESOURCE, id="reconcile", interval=SETTINGS.reconcile_interval_seconds)
+async def reconcile_periodically(
+    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+) -> None:
+    """The level-based loop: every interval, observe everything and converge."""
+    await _reconcile(body, patch, memo)
+
+
+@kopf.on.create(*RESOURCE, id="reconcile-on-create")
+@kopf.on.resume(*RESOURCE, id="reconcile-on-resume")
+@kopf.on.update(*RESOURCE, id="reconcile-on-update", field="spec")
+async def reconcile_now(
+    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+) -> None:
+    """A new job, a changed spec or a restarted operator: converge now, not at the next tick."""
+    await _reconcile(body, patch, memo)
+
+
+@kopf.on.delete(*RESOURCE, id="cleanup", optional=True)
+async def cleanup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Delete the job's children at once (ownerReferences would let the GC do it later);
+    a dynamic claim with claimDeletePolicy Retain is kept and released instead."""
+    spec = body.get("spec", {})
+    checkpoint = spec.get("checkpoint", {})
+    keep_claims = checkpoint.get("claimDeletePolicy") == "Retain"
+    await actions.delete_children(
+        memo["api"], namespace=body.metadata.namespace or "",
+        selector=naming.job_selector(body.metadata.name or ""), keep_claims=keep_claims,
+    )
+    metrics.record_job_state(f"{body.metadata.namespace}/{body.metadata.name}", None)

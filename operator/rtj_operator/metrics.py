@@ -1,0 +1,51 @@
+"""The operator's own Prometheus metrics, served on their own port (`RTJ_OPERATOR_METRICS_PORT`).
+
+They describe the operator, not the training (the trainers serve their own): how many passes it
+runs and how long they take, which actions it applies, and how many jobs are in each state.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+REGISTRY = CollectorRegistry()
+
+RECONCILE_PASSES = Counter(
+    "rtj_operator_reconcile_passes", "Reconcile passes, by outcome.", ["outcome"],
+    registry=REGISTRY,
+)
+RECONCILE_SECONDS = Histogram(
+    "rtj_operator_reconcile_seconds", "Duration of one reconcile pass (observe, decide, act).",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10), registry=REGISTRY,
+)
+ACTIONS = Counter(
+    "rtj_operator_actions", "Actions applied, by kind.", ["action"], registry=REGISTRY,
+)
+INCIDENTS = Counter(
+    "rtj_operator_restarts", "Recoveries the operator started, by action.", ["action"],
+    registry=REGISTRY,
+)
+JOBS = Gauge(
+    "rtj_operator_jobs", "Jobs by state, as of their last pass.", ["state"], registry=REGISTRY,
+)
+
+_job_states: dict[str, str] = {}
+
+
+def record_job_state(job_key: str, state: str | None) -> None:
+    """Remember a job's state (None when the job is gone) and refresh the per-state gauge."""
+    if state is None:
+        _job_states.pop(job_key, None)
+    else:
+        _job_states[job_key] = state
+    counts: dict[str, int] = {}
+    for value in _job_states.values():
+        counts[value] = counts.get(value, 0) + 1
+    for known in ("Pending", "Running", "Recovering", "Suspended", "Succeeded", "Failed"):
+        JOBS.labels(state=known).set(counts.get(known, 0))
+
+
+def serve(host: str, port: int) -> None:
+    """Start the metrics HTTP server in a daemon thread (port 0: do nothing)."""
+    if port:
+        start_http_server(port, addr=host, registry=REGISTRY)

@@ -1,0 +1,52 @@
+"""Names and labels of the objects the operator makes for a job (see docs/design.md).
+
+Every module that builds, finds or reasons about a job's children takes names from here, so the
+contract in docs/design.md lives in one place of the code.
+"""
+
+from __future__ import annotations
+
+from rtj_operator.api import GROUP
+
+JOB_LABEL = f"{GROUP}/job"
+ROLE_LABEL = f"{GROUP}/role"
+NODE_INDEX_LABEL = f"{GROUP}/node-index"
+ATTEMPT_LABEL = f"{GROUP}/attempt"
+
+ROLE_TRAINER = "trainer"
+ROLE_RENDEZVOUS = "rendezvous"
+
+FINALIZER = f"{GROUP}/cleanup"
+"""The operator's finalizer (kopf adds it because the reconcile timer needs it)."""
+ANNOTATION_PREFIX = GROUP
+"""Prefix of the annotations where kopf keeps handler progress and the last handled spec."""
+
+TRAINER_CONTAINER = "trainer"
+RENDEZVOUS_CONTAINER = "rendezvous"
+CHECKPOINT_VOLUME = "checkpoints"
+SHM_VOLUME = "dshm"
+
+
+def trainer_pod_name(job_name: str, node_index: int) -> str:
+    """`<job>-<i>`: also the pod's hostname."""
+    return f"{job_name}-{node_index}"
+
+
+def rendezvous_name(job_name: str) -> str:
+    """`<job>-rdzv`: the rendezvous pod and its ClusterIP Service."""
+    return f"{job_name}-rdzv"
+
+
+def headless_service_name(job_name: str) -> str:
+    """`<job>`: the headless Service that gives trainer pods DNS names."""
+    return job_name
+
+
+def dynamic_claim_name(job_name: str) -> str:
+    """`<job>-checkpoints`: the claim the operator creates for a dynamic checkpoint volume."""
+    return f"{job_name}-checkpoints"
+
+
+def job_selector(job_name: str) -> str:
+    """Label selector of every child of a job."""
+    return f"{JOB_LABEL}={job_name}"

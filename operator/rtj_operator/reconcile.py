@@ -1,0 +1,125 @@
+"""One reconcile pass of one job: observe, decide, act.
+
+The handlers (`handlers.py`) call `run_pass` from kopf's timer and from the create/update/resume
+handlers; a per-job lock keeps two passes of the same job from interleaving. The pass applies the
+decided actions, returns the status fields that changed (the handler writes them with one patch)
+and the Events to post.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kubernetes.client
+import pydantic
+
+from rtj_operator import actions, decisions, metrics, observe, profiles, scraping
+from rtj_operator.api.models import parse_job, parse_status
+from rtj_operator.config import OperatorSettings
+
+
+@dataclass
+class JobMemo:
+    """What the operator keeps in memory for one job between passes."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    memory: decisions.Memory = field(default_factory=decisions.Memory)
+    last_pass_monotonic: float = 0.0
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """The status fields to patch and the Events to post."""
+
+    status_patch: dict[str, Any]
+    events: list[decisions.PostEvent]
+    state: str | None
+
+
+class InvalidJobError(Exception):
+    """The job's spec cannot be parsed (the CRD's validation normally prevents this)."""
+
+    def __init__(self, message: str, status: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def plain(value: Any) -> Any:
+    """A deep copy of kopf's body views as plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def status_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that turns status `current` into `desired` (None removes a field)."""
+    return {key: value for key, value in desired.items() if current.get(key) != value}
+
+
+def now_utc() -> datetime:
+    """The clock of a pass, to whole seconds (status times are metav1.Time-like)."""
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+async def run_pass(
+    *,
+    body: Mapping[str, Any],
+    memo: JobMemo,
+    api: kubernetes.client.ApiClient,
+    settings: OperatorSettings,
+) -> PassResult:
+    """Observe the job's children and ranks, decide, apply the actions."""
+    started = time.monotonic()
+    raw = plain(body)
+    current_status = raw.get("status") or {}
+    try:
+        job = parse_job({k: v for k, v in raw.items() if k != "status"})
+    except pydantic.ValidationError as error:
+        message = f"the spec cannot be used: {error}"
+        status = decisions.invalid_spec_status(
+            raw.get("metadata", {}).get("generation"), message, now_utc()
+        )
+        raise InvalidJobError(message, status_patch(current_status, status)) from error
+    try:
+        job = job.model_copy(update={"status": parse_status(current_status)})
+    except pydantic.ValidationError:
+        # A status this version cannot read (written by another version, or by hand) is
+        # rebuilt from what the cluster shows; it never makes the job itself invalid.
+        job = job.model_copy(update={"status": None})
+    namespace = job.metadata.namespace or ""
+    observed = await observe.observe(
+        api, namespace=namespace, job_name=job.name, job_uid=job.metadata.uid or ""
+    )
+    liveness = await scraping.scrape(
+        observed.trainer_pods.values(),
+        base_port=settings.trainer_metrics_port,
+        procs=profiles.resolve_profile(job.spec).procs_per_node,
+        timeout_seconds=settings.scrape_timeout_seconds,
+    )
+    decision = decisions.decide(
+        job=job, observed=observed, liveness=liveness, now=now_utc(), memory=memo.memory,
+        settings=settings,
+    )
+    await actions.apply(api, namespace=namespace, job_name=job.name, actions=decision.actions)
+    memo.memory = decision.memory
+    memo.last_pass_monotonic = time.monotonic()
+    for action in decision.actions:
+        metrics.ACTIONS.labels(action=type(action).__name__).inc()
+    for event in decision.of_type(decisions.PostEvent):
+        if event.reason in (decisions.ACTION_RANK_RESTART, decisions.ACTION_FULL_RESTART):
+            metrics.INCIDENTS.labels(action=event.reason).inc()
+    metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+    state = decision.status.get("state")
+    metrics.record_job_state(f"{namespace}/{job.name}", state)
+    return PassResult(
+        status_patch=status_patch(current_status, decision.status),
+        events=decision.of_type(decisions.PostEvent),
+        state=state,
+    )

@@ -1,0 +1,113 @@
+"""What the operator sees of a job, as plain frozen records.
+
+`observe` builds `Observed` from the job's children in the API server, `scraping` builds
+`RankLiveness` from the trainers' metrics endpoints, and `decisions.decide` reads only these
+records, never the Kubernetes client: that is what lets the decision table be unit-tested without
+a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodView:
+    """The parts of a pod the decisions need."""
+
+    name: str
+    uid: str
+    role: str
+    node_index: int | None = None
+    attempt: int | None = None
+    phase: str = "Pending"
+    """Pending, Running, Succeeded, Failed or Unknown."""
+    deleting: bool = False
+    """The pod has a deletionTimestamp: it is going away and its name is still taken."""
+    exit_code: int | None = None
+    """Exit code of the main container once it terminated."""
+    reason: str | None = None
+    """Why the pod or its container ended (for example `Evicted`, `Error`, `OOMKilled`)."""
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    node_name: str | None = None
+    pod_ip: str | None = None
+
+    @property
+    def terminated(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimView:
+    """The dynamic checkpoint claim, when it exists."""
+
+    name: str
+    owned_by_job: bool
+    phase: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Observed:
+    """The job's children as the API server has them now."""
+
+    trainer_pods: Mapping[int, PodView] = field(default_factory=dict)
+    """Trainer pods by node index (`<job>-<i>` is unique, so at most one per index)."""
+    rendezvous_pod: PodView | None = None
+    rendezvous_service: bool = False
+    headless_service: bool = False
+    claim: ClaimView | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankSample:
+    """The metrics of one trainer rank (one worker process), from one scrape."""
+
+    local_rank: int
+    rank: int | None = None
+    heartbeat: float | None = None
+    """Unix time of the rank's last heartbeat."""
+    step: int | None = None
+    committed_step: int | None = None
+    committed_time: float | None = None
+    goodput_ratio: float | None = None
+    restarts: Mapping[str, int] = field(default_factory=dict)
+    """Restarts seen by the job, by kind (`inprocess`, `launcher`, `pod`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeLiveness:
+    """Scrape results of every local rank of one trainer pod."""
+
+    node_index: int
+    pod_uid: str
+    samples: tuple[RankSample, ...] = ()
+    """The ranks that answered; a rank whose endpoint did not answer is missing."""
+    expected_ranks: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """Whether every local rank answered."""
+        return self.expected_ranks > 0 and len(self.samples) == self.expected_ranks
+
+    @property
+    def heartbeat(self) -> float | None:
+        """The oldest heartbeat of the pod's ranks, when every rank answered with one."""
+        beats = [s.heartbeat for s in self.samples if s.heartbeat is not None]
+        if not self.complete or len(beats) != self.expected_ranks:
+            return None
+        return min(beats)
+
+    @property
+    def step(self) -> int | None:
+        """The step every rank of the pod has completed, when every rank answered."""
+        steps = [s.step for s in self.samples if s.step is not None]
+        if not self.complete or len(steps) != self.expected_ranks:
+            return None
+        return min(steps)
+
+
+RankLiveness = Mapping[int, NodeLiveness]
+"""Liveness of each trainer pod, by node index."""

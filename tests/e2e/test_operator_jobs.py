@@ -1,0 +1,265 @@
+"""The operator end to end: real control plane, process-backed p5 nodes, the real trainer under
+ft_launcher with nvrx-control, and the operator as its own process (see conftest.py).
+
+Each test applies a variant of examples/cpu-tiny.yaml (2 nodes x 2 CPU workers) and watches it
+through the API server and `kubectl get rtj`, as a user would.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pytest
+import yaml
+from harness.cluster import Cluster
+
+if TYPE_CHECKING:
+    from e2e.conftest import OperatorProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ROLE = "training.resilient.dev/role"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cpu-tiny.yaml"
+T = TypeVar("T")
+
+
+def cpu_tiny(name: str = "cpu-tiny", *, steps: int = 80, faults: str | None = "30:1:sigkill",
+             interval_steps: int = 10) -> dict[str, Any]:
+    """examples/cpu-tiny.yaml with a name, a step count and faults of the test's choosing."""
+    manifest: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
+    manifest["metadata"]["name"] = name
+    spec = manifest["spec"]
+    spec["args"] = [f"train.steps={steps}" if a.startswith("train.steps=") else a
+                    for a in spec["args"]]
+    spec["env"] = [e for e in spec.get("env", []) if e["name"] != "TRAINER_FAULTS"]
+    if faults:
+        spec["env"].append({"name": "TRAINER_FAULTS", "value": faults})
+    spec["checkpoint"]["intervalSteps"] = interval_steps
+    return manifest
+
+
+def apply(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", "-",
+                    input=json.dumps(manifest))
+
+
+def job(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(
+        cluster.kubectl("get", "rtj", name, "-n", namespace, "-o", "json").stdout
+    )
+    return result
+
+
+def children(cluster: Cluster, namespace: str, name: str) -> list[str]:
+    """`kind/name` of every pod, Service and claim labelled as the job's."""
+    out = cluster.kubectl(
+        "get", "pods,services,persistentvolumeclaims", "-n", namespace,
+        "-l", f"training.resilient.dev/job={name}", "-o", "name",
+    ).stdout
+    return sorted(out.split())
+
+
+def wait_for(what: str, probe: Callable[[], T | None], *, timeout: float,
+             interval: float = 1.0, context: Callable[[], str] = lambda: "") -> T:
+    """Poll `probe` until it returns something truthy; fail with `what` and context on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n{context()}")
+        time.sleep(interval)
+
+
+
+def status(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
+    result: dict[str, Any] = job(cluster, ns, name).get("status") or {}
+    return result
+
+
+def describe(cluster: Cluster, ns: str, name: str, operator: OperatorProcess) -> str:
+    pods = cluster.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout
+    current = cluster.kubectl("get", "rtj", "-n", ns, "-o", "yaml", check=False).stdout
+    return (f"--- pods\n{pods}\n--- job\n{current[-6000:]}\n"
+            f"--- operator log (tail)\n{operator.log()[-4000:]}")
+
+
+def printed_step(cluster: Cluster, ns: str, name: str) -> int | None:
+    """The STEP column of `kubectl get rtj` (None while empty)."""
+    lines = cluster.kubectl("get", "rtj", name, "-n", ns).stdout.splitlines()
+    header, row = lines[0], lines[1]
+    start = header.index("STEP")
+    end = header.index("RESTARTS")
+    text = row[start:end].strip()
+    return int(text) if text.isdigit() else None
+
+
+def pods_by_role(cluster: Cluster, ns: str, role: str) -> dict[str, dict[str, Any]]:
+    out = cluster.kubectl("get", "pods", "-n", ns, "-l", f"{ROLE}={role}", "-o", "json").stdout
+    return {p["metadata"]["name"]: p for p in json.loads(out)["items"]}
+
+
+def summary(cluster: Cluster, ns: str, pod: str) -> dict[str, Any]:
+    """The trainer's final summary line (rank 0 prints it last)."""
+    for line in reversed(cluster.pod_log(ns, pod).splitlines()):
+        if line.startswith('{"event": "summary"'):
+            result: dict[str, Any] = json.loads(line)
+            return result
+    return {}
+
+
+def test_cpu_tiny_trains_to_success_under_ft_launcher_across_two_nodes(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name = namespace, "cpu-tiny"
+    apply(cluster, ns, cpu_tiny(name))
+    context = lambda: describe(cluster, ns, name, operator)  # noqa: E731
+
+    trainers = wait_for(
+        "both trainer pods running", lambda: (
+            p if len(p := pods_by_role(cluster, ns, "trainer")) == 2
+            and all(x["status"].get("phase") == "Running" for x in p.values()) else None),
+        timeout=120, context=context,
+    )
+    nodes = {p["spec"]["nodeName"] for p in trainers.values()}
+    assert len(nodes) == 2 and all(n.startswith("p5-node-") for n in nodes)
+    command = trainers["cpu-tiny-0"]["spec"]["containers"][0]["command"]
+    assert command[0] == "ft_launcher" and "--nnodes=2" in command
+
+    steps_seen: list[int] = []
+
+    def finished() -> bool:
+        step = printed_step(cluster, ns, name)
+        if step is not None and (not steps_seen or steps_seen[-1] != step):
+            steps_seen.append(step)
+        return status(cluster, ns, name).get("state") in ("Succeeded", "Failed")
+
+    wait_for("the job to finish", finished, timeout=600, interval=2, context=context)
+    final = status(cluster, ns, name)
+    assert final["state"] == "Succeeded", context()
+    assert final["step"] == 80
+    assert final["lastCheckpoint"]["step"] == 80
+    running_steps = [s for s in steps_seen if 0 < s < 80]
+    assert len(set(running_steps)) >= 2, f"STEP column while running: {steps_seen}"
+    # The injected SIGKILL of rank 1 was handled by ft_launcher inside the pods.
+    assert final["restarts"]["launcher"] >= 1 and final["restarts"]["rank"] == 0
+    assert summary(cluster, ns, "cpu-tiny-0")["steps"] == 80
+    rendezvous = pods_by_role(cluster, ns, "rendezvous")
+    assert not rendezvous or all(p["metadata"].get("deletionTimestamp")
+                                 for p in rendezvous.values())
+
+
+def test_a_killed_trainer_pod_is_replaced_alone_and_the_job_succeeds(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name = namespace, "kill-one"
+    apply(cluster, ns, cpu_tiny(name, steps=150, faults=None))
+    context = lambda: describe(cluster, ns, name, operator)  # noqa: E731
+    wait_for("a committed checkpoint", lambda: (
+        (status(cluster, ns, name).get("lastCheckpoint") or {}).get("step", 0) >= 20),
+        timeout=300, context=context)
+    before = {n: p["metadata"]["uid"] for n, p in pods_by_role(cluster, ns, "trainer").items()}
+    rdzv_before = [p["metadata"]["uid"] for p in pods_by_role(cluster, ns, "rendezvous").values()]
+
+    cluster.nodes.kill_pod(ns, f"{name}-1")  # SIGKILL every process of the pod
+
+    def replaced() -> dict[str, dict[str, Any]] | None:
+        pods = pods_by_role(cluster, ns, "trainer")
+        pod = pods.get(f"{name}-1")
+        if pod and pod["metadata"]["uid"] != before[f"{name}-1"]:
+            return pods
+        return None
+
+    after = wait_for("the replacement of pod 1", replaced, timeout=120, context=context)
+    assert after[f"{name}-0"]["metadata"]["uid"] == before[f"{name}-0"]
+    labels = after[f"{name}-1"]["metadata"]["labels"]
+    assert labels["training.resilient.dev/attempt"] == "1"
+    wait_for("the job to finish", lambda: status(cluster, ns, name).get("state")
+             in ("Succeeded", "Failed"), timeout=600, interval=2, context=context)
+    final = status(cluster, ns, name)
+    assert final["state"] == "Succeeded", context()
+    assert final["step"] == 150
+    assert final["restarts"]["rank"] == 1 and final["restarts"]["full"] == 0
+    incident = next(i for i in final["incidents"] if i["action"] == "RankRestart")
+    assert incident["nodeIndex"] == 1 and incident["cause"] == "PodFailed"
+    assert incident["recoveredTime"] and incident["seconds"] > 0
+    # Pod 0 and the rendezvous pod were never replaced.
+    end = pods_by_role(cluster, ns, "trainer")
+    assert end[f"{name}-0"]["metadata"]["uid"] == before[f"{name}-0"]
+    assert rdzv_before and final["restarts"]["full"] == 0
+
+
+def test_suspend_then_resume_continues_from_the_last_committed_checkpoint(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name = namespace, "pause"
+    apply(cluster, ns, cpu_tiny(name, steps=150, faults=None))
+    context = lambda: describe(cluster, ns, name, operator)  # noqa: E731
+    wait_for("a committed checkpoint", lambda: (
+        (status(cluster, ns, name).get("lastCheckpoint") or {}).get("step", 0) >= 30),
+        timeout=300, context=context)
+
+    cluster.kubectl("patch", "rtj", name, "-n", ns, "--type=merge",
+                    "-p", '{"spec": {"suspend": true}}')
+    wait_for("every pod to be gone", lambda: not [
+        c for c in children(cluster, ns, name) if c.startswith("pod/")],
+        timeout=120, context=context)
+    suspended = status(cluster, ns, name)
+    assert suspended["state"] == "Suspended"
+    assert "persistentvolumeclaim/pause-checkpoints" in children(cluster, ns, name)
+    checkpoint_at_suspend = suspended["lastCheckpoint"]["step"]
+    assert checkpoint_at_suspend >= 30
+
+    cluster.kubectl("patch", "rtj", name, "-n", ns, "--type=merge",
+                    "-p", '{"spec": {"suspend": false}}')
+    wait_for("the job to finish", lambda: status(cluster, ns, name).get("state")
+             in ("Succeeded", "Failed"), timeout=600, interval=2, context=context)
+    final = status(cluster, ns, name)
+    assert final["state"] == "Succeeded", context()
+    assert final["step"] == 150
+    resumed = re.findall(r"resumed from \S+ \(step (\d+)\)", cluster.pod_log(ns, f"{name}-0"))
+    assert resumed, cluster.pod_log(ns, f"{name}-0")[-3000:]
+    assert int(resumed[-1]) >= checkpoint_at_suspend
+    assert [r["attempt"] for r in final["ranks"]] == [1, 1]
+
+
+def test_deleting_a_job_removes_every_object_the_operator_created(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name = namespace, "gone"
+    apply(cluster, ns, cpu_tiny(name, steps=2000, faults=None))
+    context = lambda: describe(cluster, ns, name, operator)  # noqa: E731
+    made = wait_for("pods, Services and the claim", lambda: (
+        c if len(c := children(cluster, ns, name)) == 6 else None), timeout=120, context=context)
+    assert made == sorted([
+        "persistentvolumeclaim/gone-checkpoints", "pod/gone-0", "pod/gone-1", "pod/gone-rdzv",
+        "service/gone", "service/gone-rdzv",
+    ])
+    cluster.kubectl("delete", "rtj", name, "-n", ns, "--wait=false")
+    wait_for("every child to be gone", lambda: children(cluster, ns, name) == [],
+             timeout=120, context=lambda: "\n".join(children(cluster, ns, name)) + context())
+
+
+def test_deleting_a_job_keeps_a_claim_with_retain_policy(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name = namespace, "kept"
+    manifest = cpu_tiny(name, steps=2000, faults=None)
+    manifest["spec"]["checkpoint"]["claimDeletePolicy"] = "Retain"
+    apply(cluster, ns, manifest)
+    context = lambda: describe(cluster, ns, name, operator)  # noqa: E731
+    wait_for("pods, Services and the claim", lambda: len(children(cluster, ns, name)) == 6,
+             timeout=120, context=context)
+    cluster.kubectl("delete", "rtj", name, "-n", ns, "--wait=false")
+    left = wait_for("everything but the claim to be gone", lambda: (
+        c if (c := children(cluster, ns, name)) == ["persistentvolumeclaim/kept-checkpoints"]
+        else None), timeout=120, context=lambda: "\n".join(children(cluster, ns, name)))
+    claim = json.loads(cluster.kubectl("get", left[0], "-n", ns, "-o", "json").stdout)
+    assert not claim["metadata"].get("ownerReferences")

@@ -1,0 +1,200 @@
+"""The objects the operator creates, built from a spec: the p5.48xlarge trainer pod is pinned by
+a golden file (tests/unit/golden/); set UPDATE_GOLDEN=1 to rewrite it after a deliberate change."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from rtj_operator import builders
+from rtj_operator.api.models import parse_job
+from rtj_operator.config import OperatorSettings
+
+pytestmark = pytest.mark.unit
+GOLDEN = Path(__file__).with_name("golden")
+SETTINGS = OperatorSettings()
+
+
+def p5_job(**overrides: Any) -> Any:
+    spec: dict[str, Any] = {
+        "nodes": 8,
+        "instanceType": "p5.48xlarge",
+        "image": "123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer:1.0",
+        "args": ["--preset", "llama-8b"],
+        "env": [{"name": "HF_HOME", "value": "/checkpoints/.cache"}],
+        "checkpoint": {"claimName": "fsx-checkpoints", "intervalSteps": 500, "keep": 2},
+        "faultTolerance": {"heartbeatTimeoutSeconds": 120, "initialHeartbeatTimeoutSeconds": 1200},
+        "podTemplate": {
+            "labels": {"kueue.x-k8s.io/queue-name": "training"},
+            "priorityClassName": "training-high",
+            "terminationGracePeriodSeconds": 120,
+            "tolerations": [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}],
+        },
+    }
+    spec.update(overrides)
+    return parse_job({
+        "apiVersion": "training.resilient.dev/v1alpha1",
+        "kind": "ResilientTrainingJob",
+        "metadata": {"name": "llama", "namespace": "ml", "uid": "0e5a-uid", "generation": 1},
+        "spec": spec,
+    })
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom"))
+            for e in pod["spec"]["containers"][0]["env"]}
+
+
+def check_golden(name: str, manifest: dict[str, Any]) -> None:
+    path = GOLDEN / name
+    text = yaml.safe_dump(manifest, sort_keys=False, width=100)
+    if os.environ.get("UPDATE_GOLDEN") == "1" or not path.exists():
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} changed; rerun with UPDATE_GOLDEN=1 if intended"
+
+
+def test_p5_trainer_pod_matches_the_golden_file() -> None:
+    pod = builders.trainer_pod(p5_job(), node_index=3, attempt=2, settings=SETTINGS)
+    check_golden("p5-trainer-pod.yaml", pod)
+
+
+def test_p5_trainer_pod_reserves_the_whole_instance() -> None:
+    pod = builders.trainer_pod(p5_job(), node_index=0, attempt=0, settings=SETTINGS)
+    container = pod["spec"]["containers"][0]
+    limits = container["resources"]["limits"]
+    requests = container["resources"]["requests"]
+    assert limits["nvidia.com/gpu"] == requests["nvidia.com/gpu"] == "8"
+    assert limits["vpc.amazonaws.com/efa"] == requests["vpc.amazonaws.com/efa"] == "32"
+    assert limits["hugepages-2Mi"] == requests["hugepages-2Mi"]
+    assert {"cpu", "memory"} <= set(requests)
+    assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    assert pod["spec"]["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+    tolerations = pod["spec"]["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+    assert {"key": "vpc.amazonaws.com/efa", "operator": "Exists",
+            "effect": "NoSchedule"} in tolerations
+    assert {"key": "dedicated", "value": "ml", "effect": "NoSchedule"} in tolerations
+
+
+def test_p5_trainer_pod_mounts_the_checkpoint_claim_and_a_memory_backed_shm() -> None:
+    pod = builders.trainer_pod(p5_job(), node_index=0, attempt=0, settings=SETTINGS)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "fsx-checkpoints"}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts == {"checkpoints": "/checkpoints", "dshm": "/dev/shm"}
+
+
+def test_p5_trainer_pod_identity_and_restart_policy() -> None:
+    pod = builders.trainer_pod(p5_job(), node_index=3, attempt=2, settings=SETTINGS)
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["name"] == "llama-3"
+    assert meta["labels"] == {
+        "kueue.x-k8s.io/queue-name": "training",
+        "training.resilient.dev/job": "llama",
+        "training.resilient.dev/role": "trainer",
+        "training.resilient.dev/node-index": "3",
+        "training.resilient.dev/attempt": "2",
+    }
+    assert meta["ownerReferences"] == [{
+        "apiVersion": "training.resilient.dev/v1alpha1", "kind": "ResilientTrainingJob",
+        "name": "llama", "uid": "0e5a-uid", "controller": True, "blockOwnerDeletion": True,
+    }]
+    assert (spec["hostname"], spec["subdomain"]) == ("llama-3", "llama")
+    assert spec["restartPolicy"] == "Never"
+    assert spec["priorityClassName"] == "training-high"
+    assert spec["terminationGracePeriodSeconds"] == 120
+
+
+def test_p5_trainer_env_carries_the_contract_and_the_efa_settings() -> None:
+    env = env_of(builders.trainer_pod(p5_job(), node_index=3, attempt=2, settings=SETTINGS))
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["RTJ_METRICS_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    expected = {
+        "RTJ_JOB_NAME": "llama", "RTJ_JOB_UID": "0e5a-uid", "RTJ_NODE_INDEX": "3",
+        "GROUP_RANK": "3", "RTJ_NNODES": "8", "RTJ_PROCS_PER_NODE": "8", "RTJ_ATTEMPT": "2",
+        "RTJ_CHECKPOINT_DIR": "/checkpoints/llama", "RTJ_CHECKPOINT_INTERVAL_STEPS": "500",
+        "RTJ_CHECKPOINT_KEEP": "2", "RTJ_CHECKPOINT_MODE": "async", "RTJ_METRICS_PORT": "9400",
+        "RTJ_INPROCESS_RESTART": "1", "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "120",
+        "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1",
+        "RDMAV_FORK_SAFE": "1", "NCCL_NVLS_ENABLE": "0", "NCCL_SOCKET_IFNAME": "^lo,docker,veth",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "HF_HOME": "/checkpoints/.cache",
+    }
+    assert {k: env[k] for k in expected} == expected
+
+
+def test_user_env_overrides_the_platform_defaults_without_duplicates() -> None:
+    job = p5_job(env=[{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}])
+    pod = builders.trainer_pod(job, node_index=0, attempt=0, settings=SETTINGS)
+    names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
+    assert names.count("NCCL_SOCKET_IFNAME") == 1
+    assert env_of(pod)["NCCL_SOCKET_IFNAME"] == "eth0"
+
+
+def test_trainer_command_is_ft_launcher_with_the_trainer_argv() -> None:
+    pod = builders.trainer_pod(p5_job(), node_index=0, attempt=0, settings=SETTINGS)
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[0] == "ft_launcher"
+    assert command[-5:] == ["python", "-m", "rtj_trainer", "--preset", "llama-8b"]
+    assert "args" not in pod["spec"]["containers"][0]
+
+
+def test_a_cpu_job_without_gpus_gets_no_efa_nccl_or_shm_settings() -> None:
+    job = p5_job(instanceType="c7i.8xlarge", procsPerNode=2,
+                 resources={"requests": {"cpu": "4", "memory": "8Gi"}}, env=[])
+    pod = builders.trainer_pod(job, node_index=1, attempt=0, settings=SETTINGS)
+    env = env_of(pod)
+    assert not {"FI_PROVIDER", "NCCL_NVLS_ENABLE", "FI_EFA_FORK_SAFE"} & set(env)
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["checkpoints"]
+    assert "securityContext" not in pod["spec"]["containers"][0]
+    assert pod["spec"]["tolerations"] == [
+        {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
+    ]
+    assert [p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]] == [9400, 9401]
+
+
+def test_dynamic_fsx_builds_a_read_write_many_claim_of_the_storage_class() -> None:
+    job = p5_job(checkpoint={"storageClassName": "fsx-lustre", "size": "1200Gi"})
+    claim = builders.checkpoint_claim(job)
+    assert claim["metadata"]["name"] == "llama-checkpoints"
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteMany"],
+        "storageClassName": "fsx-lustre",
+        "resources": {"requests": {"storage": "1200Gi"}},
+    }
+    assert claim["metadata"]["ownerReferences"][0]["uid"] == "0e5a-uid"
+    pod = builders.trainer_pod(job, node_index=0, attempt=0, settings=SETTINGS)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "llama-checkpoints"}
+
+
+def test_a_retained_claim_has_no_owner() -> None:
+    job = p5_job(checkpoint={"storageClassName": "fsx-lustre", "size": "1200Gi",
+                             "claimDeletePolicy": "Retain"})
+    assert "ownerReferences" not in builders.checkpoint_claim(job)["metadata"]
+
+
+def test_rendezvous_pod_runs_nvrx_control_with_the_trainer_image() -> None:
+    pod = builders.rendezvous_pod(p5_job(), settings=SETTINGS)
+    container = pod["spec"]["containers"][0]
+    assert pod["metadata"]["name"] == "llama-rdzv"
+    assert pod["metadata"]["labels"]["training.resilient.dev/role"] == "rendezvous"
+    assert container["image"] == p5_job().spec.image
+    assert container["command"][0] == "nvrx-control"
+    assert "nvidia.com/gpu" not in container["resources"]["requests"]
+    assert pod["spec"]["restartPolicy"] == "Never"
+
+
+def test_services_select_their_pods() -> None:
+    rdzv = builders.rendezvous_service(p5_job(), settings=SETTINGS)
+    headless = builders.headless_service(p5_job(), settings=SETTINGS)
+    assert rdzv["metadata"]["name"] == "llama-rdzv"
+    assert rdzv["spec"]["selector"]["training.resilient.dev/role"] == "rendezvous"
+    assert rdzv["spec"]["ports"][0]["port"] == 29400
+    assert headless["metadata"]["name"] == "llama"
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    assert headless["spec"]["selector"]["training.resilient.dev/role"] == "trainer"
