@@ -1,1 +1,2 @@
-"""FSDP trainer with NVIDIA Resiliency Extension: heartbeats, async checkpoints, in-process restart."""
+"""FSDP trainer with NVIDIA Resiliency Extension: heartbeats, async checkpoints,
+in-process restart, metrics and fault injection."""

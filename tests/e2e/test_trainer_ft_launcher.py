@@ -1,0 +1,237 @@
+"""The real trainer under NVRx ft_launcher, 2 CPU ranks (gloo), with injected faults.
+
+Every run goes through trainer/scripts/train-local.sh (what `make train-local` runs) with a fresh
+run directory. Losses are compared bit for bit with a fault-free run of the same config: a resumed
+run must recompute exactly the same numbers from its resume point on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "trainer" / "scripts" / "train-local.sh"
+STEPS = 30
+pytestmark = pytest.mark.e2e
+
+
+def _terminate_with_pytest() -> None:
+    """In the child, before exec: SIGTERM when pytest dies (ft_launcher then stops its workers)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _start(run_dir: Path, faults: str = "", extra_env: dict[str, str] | None = None,
+           args: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RTJ_", "TRAINER_"))}
+    # 10 s heartbeats: short enough to catch a hang quickly, long enough for a loaded CI box.
+    env.update(RTJ_RUN_DIR=str(run_dir), TRAINER_FAULTS=faults, RTJ_HEARTBEAT_TIMEOUT_SECONDS="10")
+    env.update(extra_env or {})
+    return subprocess.Popen(
+        ["bash", str(SCRIPT), "--set", f"train.steps={STEPS}", *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, preexec_fn=_terminate_with_pytest,
+    )
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"trainer did not finish in {timeout} s:\n{out[-4000:]}")
+    finally:
+        try:  # nothing of the run may outlive the test
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, out[-6000:]
+    return out
+
+
+def _run(run_dir: Path, timeout: float = 240, **kwargs: Any) -> str:
+    return _finish(_start(run_dir, **kwargs), timeout)
+
+
+def _losses(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "losses.jsonl").read_text().splitlines()]
+
+
+def _summary(out: str) -> dict[str, Any]:
+    lines = [ln for ln in out.splitlines() if ln.startswith('{"event": "summary"')]
+    assert lines, out[-3000:]
+    summary: dict[str, Any] = json.loads(lines[-1])
+    return summary
+
+
+def _assert_same_losses(run: list[dict[str, Any]], baseline: dict[int, float]) -> None:
+    for entry in run:
+        assert entry["loss"] == baseline[entry["step"]], (entry, baseline[entry["step"]])
+
+
+@pytest.fixture(scope="module")
+def fault_free(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    run_dir = tmp_path_factory.mktemp("fault-free")
+    out = _run(run_dir)
+    summary = _summary(out)
+    assert summary["steps"] == STEPS and summary["last_committed_step"] == STEPS
+    assert summary["restarts"] == {"inprocess": 0, "launcher": 0, "pod": 0}
+    losses = _losses(run_dir)
+    assert [e["step"] for e in losses] == list(range(1, STEPS + 1))
+    return {e["step"]: e["loss"] for e in losses}
+
+
+def test_fault_free_run_reaches_the_last_step_and_prints_the_summary(
+    fault_free: dict[int, float],
+) -> None:
+    assert sorted(fault_free) == list(range(1, STEPS + 1))
+    assert fault_free[STEPS] < fault_free[1]
+
+
+def test_exception_sigkill_and_hang_each_resume_with_identical_losses(
+    tmp_path: Path, fault_free: dict[int, float]
+) -> None:
+    # A 10 s heartbeat timeout and 5 restarts leave room for a loaded CI machine; the hang is
+    # still detected by the rank monitor, and each fault must have fired exactly once.
+    out = _run(tmp_path, faults="8:1:exception,17:0:sigkill,26:1:hang", timeout=400,
+               extra_env={"RTJ_MAX_RESTARTS": "5"})
+    summary = _summary(out)
+    assert summary["steps"] == STEPS and summary["last_committed_step"] == STEPS
+    assert summary["restarts"]["launcher"] >= 3
+    losses = _losses(tmp_path)
+    attempts: dict[str, list[dict[str, Any]]] = {}
+    for entry in losses:
+        attempts.setdefault(entry["attempt"], []).append(entry)
+    assert len(attempts) == summary["restarts"]["launcher"] + 1, list(attempts)
+    firsts = [entries[0]["step"] for entries in attempts.values()]
+    # Each restart resumes right after the newest commit (step 1 if nothing was committed yet,
+    # e.g. when the first async write had not finished when the exception hit).
+    assert firsts[0] == 1 and all(first <= 26 for first in firsts[1:]), firsts
+    assert all((first - 1) % 5 == 0 for first in firsts), firsts  # commits every 5 steps
+    assert max(e["step"] for e in losses) == STEPS
+    _assert_same_losses(losses, fault_free)
+    assert "Did not get subsequent heartbeat" in out  # the hang was caught by the rank monitor
+    markers = sorted(p.name for p in (tmp_path / "faults").iterdir())
+    assert markers == ["step17-rank0-sigkill", "step26-rank1-hang", "step8-rank1-exception"]
+
+
+def test_a_writer_killed_mid_save_resumes_from_the_previous_commit(
+    tmp_path: Path, fault_free: dict[int, float]
+) -> None:
+    # Writes take 2 s, so the step-10 save is still being written when rank 0 is SIGKILLed at
+    # step 14; its writer dies with it. Step 5 was committed before (the step-10 save waited
+    # for it), so the job must resume from step 5, not 10.
+    out = _run(tmp_path, faults="14:0:sigkill",
+               args=("--set", "checkpoint.test_write_delay_seconds=2"))
+    losses = _losses(tmp_path)
+    attempts: list[str] = []
+    for entry in losses:
+        if entry["attempt"] not in attempts:
+            attempts.append(entry["attempt"])
+    second = [e for e in losses if e["attempt"] == attempts[1]]
+    assert second[0]["step"] == 6, "resumed from the uncommitted step-10 checkpoint?"
+    assert "resumed from step-000000005" in out
+    _assert_same_losses(losses, fault_free)
+    assert _summary(out)["last_committed_step"] == STEPS
+
+
+def test_inprocess_restart_recovers_an_exception_in_the_same_processes(
+    tmp_path: Path, fault_free: dict[int, float]
+) -> None:
+    out = _run(tmp_path, faults="8:1:exception",
+               extra_env={"RTJ_INPROCESS_RESTART": "1", "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "60"})
+    summary = _summary(out)
+    assert summary["restarts"] == {"inprocess": 1, "launcher": 0, "pod": 0}
+    losses = _losses(tmp_path)
+    assert len({e["attempt"] for e in losses}) == 2
+    assert len({e["pid"] for e in losses}) == 1  # rank 0 never left its process
+    _assert_same_losses(losses, fault_free)
+    assert "RankShouldRestart" in out
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    with socket.socket() as sock:  # the next port must be free too (local rank 1)
+        sock.bind(("127.0.0.1", port + 1))
+    return port
+
+
+def _scrape(url: str) -> dict[str, float]:
+    text = urllib.request.urlopen(url, timeout=2).read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("rtj_trainer_") and 'rank="' in line:
+            name = line.split("{")[0]
+            values.setdefault(name, float(line.rsplit(" ", 1)[1]))
+            if name == "rtj_trainer_heartbeat_timestamp_seconds":
+                assert 'rank="' in line and 'local_rank="' in line
+    return values
+
+
+def test_metrics_endpoint_shows_heartbeats_and_steps_advancing(tmp_path: Path) -> None:
+    port = _free_port()
+    proc = _start(tmp_path, extra_env={"RTJ_METRICS_PORT": str(port)},
+                  args=("--set", "train.steps=400", "--set", "checkpoint.interval_steps=50"))
+    samples: list[dict[str, float]] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(samples) < 2:
+            try:
+                sample = _scrape(f"http://127.0.0.1:{port + 1}/metrics")  # local rank 1
+            except OSError:
+                time.sleep(0.2)
+                continue
+            if sample.get("rtj_trainer_step", 0) >= 1 and (
+                not samples or sample["rtj_trainer_step"] > samples[0]["rtj_trainer_step"] + 5
+            ):
+                samples.append(sample)
+            time.sleep(0.2)
+    finally:
+        out = _finish(proc, 180)
+    assert len(samples) == 2, out[-3000:]
+    first, second = samples
+    assert second["rtj_trainer_step"] > first["rtj_trainer_step"]
+    assert (second["rtj_trainer_heartbeat_timestamp_seconds"]
+            > first["rtj_trainer_heartbeat_timestamp_seconds"] > 0)
+    for name in ("rtj_trainer_step_seconds", "rtj_trainer_tokens_per_second",
+                 "rtj_trainer_checkpoint_committed_step", "rtj_trainer_restarts_total",
+                 "rtj_trainer_productive_seconds_total", "rtj_trainer_lost_seconds_total",
+                 "rtj_trainer_goodput_ratio", "rtj_trainer_info",
+                 "rtj_trainer_checkpoint_stall_seconds", "rtj_trainer_checkpoint_write_seconds",
+                 "rtj_trainer_checkpoint_committed_timestamp_seconds"):
+        assert name in second, name
+    assert _summary(out)["steps"] == 400
+
+
+def test_launcher_kill_takes_down_the_whole_process_tree(tmp_path: Path) -> None:
+    import psutil
+
+    proc = _start(tmp_path, faults="10:1:launcher-kill")
+    try:
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == -signal.SIGKILL, out[-3000:]  # the launcher itself was killed
+    assert "injecting fault launcher-kill at step 10" in out
+    rank0_pid = _losses(tmp_path)[-1]["pid"]
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(rank0_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not psutil.pid_exists(rank0_pid) or psutil.Process(rank0_pid).status() == "zombie"

@@ -1,0 +1,368 @@
+"""The trainer's one typed configuration, and the one place that reads the process environment.
+
+A run is configured in layers, later ones winning: a named preset (`tiny` for CPU tests up to
+`8b`), an optional YAML/JSON file, the environment the operator sets (docs/design.md), and finally
+`--set section.field=value` overrides from the command line. Every layer is a nested dict merged
+into the preset's dict, and pydantic validates the result once, so a bad value anywhere produces
+one error that names the field path (`checkpoint.interval_steps: ...`).
+
+The launcher's variables (RANK, LOCAL_RANK, WORLD_SIZE, TORCHELASTIC_RESTART_COUNT, ...) are also
+read here, by `launch_environment()`. In-process restart rewrites RANK and WORLD_SIZE for each
+restart iteration, so callers read them at the start of every iteration, not once per process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or invalid; the message names the field path."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    """Shape of the GPT-style decoder."""
+
+    num_layers: int = Field(ge=1)
+    d_model: int = Field(ge=8)
+    num_heads: int = Field(ge=1)
+    vocab_size: int = Field(ge=2, le=65536)
+    """At most 65536 so that token files can be uint16."""
+    seq_len: int = Field(ge=2)
+    ffn_multiplier: int = Field(default=4, ge=1)
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelConfig:
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"model.d_model ({self.d_model}) must be divisible by model.num_heads "
+                f"({self.num_heads})"
+            )
+        return self
+
+
+class DataConfig(_Section):
+    """Where token batches come from; a batch is a pure function of (seed, step, rank)."""
+
+    kind: Literal["synthetic", "memmap"] = "synthetic"
+    path: str | None = None
+    """A flat uint16 token file (for kind=memmap), e.g. on the FSx mount."""
+    batch_size: int = Field(default=4, ge=1)
+    """Sequences per rank per step."""
+    seed: int = 1234
+
+    @model_validator(mode="after")
+    def _memmap_needs_path(self) -> DataConfig:
+        if self.kind == "memmap" and not self.path:
+            raise ValueError("data.path is required when data.kind is 'memmap'")
+        return self
+
+
+class OptimConfig(_Section):
+    """AdamW with linear warmup then cosine decay to `min_lr_ratio * lr`."""
+
+    lr: float = Field(default=3e-4, gt=0)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    warmup_steps: int = Field(default=10, ge=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = Field(default=1.0, ge=0)
+    """Max global grad norm; 0 disables clipping."""
+
+
+class TrainConfig(_Section):
+    """The step loop."""
+
+    steps: int = Field(default=50, ge=1)
+    """Total optimizer steps of the job (resumed runs stop at the same step)."""
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """auto: bf16 compute with fp32 reduction on CUDA, fp32 on CPU."""
+    log_every: int = Field(default=10, ge=1)
+    run_dir: str | None = None
+    """Where per-step losses (losses.jsonl) and job state go; default: checkpoint.dir."""
+
+
+class CheckpointConfig(_Section):
+    """Checkpoint policy; see rtj_trainer.checkpoint for the commit protocol."""
+
+    dir: str = "/tmp/rtj-checkpoints"
+    interval_steps: int = Field(default=10, ge=0)
+    """Save every N steps; 0 disables saving (resume still loads what exists)."""
+    keep: int = Field(default=2, ge=1)
+    """Committed checkpoints kept; older ones are deleted after each commit."""
+    mode: Literal["async", "sync"] = "async"
+    verify_checksums: bool = True
+    """On resume, re-hash every shard against its manifest entry (sizes are always checked)."""
+    save_final: bool = True
+    """Also save (synchronously wait for) a checkpoint at the last step."""
+    test_write_delay_seconds: float = Field(default=0.0, ge=0)
+    """Testing knob: the writer sleeps this long before writing, to widen the mid-save window."""
+
+
+class ResiliencyConfig(_Section):
+    """NVRx knobs: heartbeats (ft_launcher rank monitors) and in-process restart."""
+
+    inprocess_restart: bool = False
+    heartbeat_timeout_seconds: float = Field(default=60.0, gt=0)
+    """The job's heartbeat timeout; the trainer sizes its own hang guards from it."""
+    learn_timeouts_after_steps: int = Field(default=0, ge=0)
+    """After this many steps of an attempt, ask NVRx to compute heartbeat timeouts from the
+    observed intervals (a collective on all ranks); 0 keeps the launcher's fixed timeouts."""
+    collective_timeout_seconds: float | None = None
+    """Process-group timeout; default: 5 s on CPU/gloo with in-process restart (gloo cannot be
+    aborted), otherwise 2 x heartbeat_timeout_seconds."""
+    inprocess_max_restarts: int = Field(default=5, ge=0)
+    inprocess_soft_timeout_seconds: float | None = None
+    """Hang guard of the in-process wrapper; default: heartbeat_timeout_seconds / 2."""
+
+
+class MetricsConfig(_Section):
+    """Prometheus endpoint: rank with local rank r serves on host:(port + r)."""
+
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=0, le=65535)
+    """Base port; None disables the endpoint."""
+
+
+class JobConfig(_Section):
+    """Job identity and topology as the operator describes it (informational for the trainer)."""
+
+    name: str = "local"
+    uid: str = ""
+    namespace: str = ""
+    pod_name: str = ""
+    pod_ip: str = ""
+    node_index: int = 0
+    nnodes: int = 1
+    procs_per_node: int = 1
+    attempt: int = Field(default=0, ge=0)
+
+
+class Config(_Section):
+    """Everything a run needs; `Config.model_dump()` is what the trainer logs at start."""
+
+    model: ModelConfig
+    data: DataConfig = DataConfig()
+    optim: OptimConfig = OptimConfig()
+    train: TrainConfig = TrainConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    resiliency: ResiliencyConfig = ResiliencyConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    job: JobConfig = JobConfig()
+    faults: str = ""
+    """TRAINER_FAULTS: comma-separated STEP:RANK:KIND (see rtj_trainer.faults)."""
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.train.run_dir or self.checkpoint.dir)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # CPU tests: a few milliseconds per step with 2 gloo ranks.
+    "tiny": {
+        "model": {"num_layers": 2, "d_model": 64, "num_heads": 4, "vocab_size": 256, "seq_len": 32},
+        "data": {"batch_size": 4},
+        "optim": {"lr": 1e-3, "warmup_steps": 5},
+        "train": {"steps": 30, "log_every": 5},
+        "checkpoint": {"interval_steps": 5, "keep": 3},
+    },
+    # ~125M parameters (GPT-2 small shape).
+    "small": {
+        "model": {"num_layers": 12, "d_model": 768, "num_heads": 12, "vocab_size": 32000,
+                  "seq_len": 1024},
+        "data": {"batch_size": 8},
+        "train": {"steps": 1000},
+        "checkpoint": {"interval_steps": 200},
+    },
+    # ~0.94B parameters: 16 x 2048, 32k vocabulary, 2k context.
+    "1b": {
+        "model": {"num_layers": 16, "d_model": 2048, "num_heads": 16, "vocab_size": 32000,
+                  "seq_len": 2048},
+        "data": {"batch_size": 8},
+        "optim": {"lr": 3e-4, "warmup_steps": 100},
+        "train": {"steps": 2000, "log_every": 10},
+        "checkpoint": {"interval_steps": 100},
+    },
+    # ~7.5B parameters: 32 x 4096, 64k vocabulary, 4k context (needs several GPUs).
+    "8b": {
+        "model": {"num_layers": 32, "d_model": 4096, "num_heads": 32, "vocab_size": 65536,
+                  "seq_len": 4096},
+        "data": {"batch_size": 1},
+        "optim": {"lr": 1.5e-4, "warmup_steps": 200},
+        "train": {"steps": 2000, "log_every": 10},
+        "checkpoint": {"interval_steps": 200},
+    },
+}
+
+# Operator environment (docs/design.md) -> config path. Read only here.
+_OPERATOR_ENV: dict[str, str] = {
+    "RTJ_JOB_NAME": "job.name",
+    "RTJ_JOB_UID": "job.uid",
+    "POD_NAMESPACE": "job.namespace",
+    "POD_NAME": "job.pod_name",
+    "POD_IP": "job.pod_ip",
+    "RTJ_NODE_INDEX": "job.node_index",
+    "RTJ_NNODES": "job.nnodes",
+    "RTJ_PROCS_PER_NODE": "job.procs_per_node",
+    "RTJ_ATTEMPT": "job.attempt",
+    "RTJ_CHECKPOINT_DIR": "checkpoint.dir",
+    "RTJ_CHECKPOINT_INTERVAL_STEPS": "checkpoint.interval_steps",
+    "RTJ_CHECKPOINT_KEEP": "checkpoint.keep",
+    "RTJ_CHECKPOINT_MODE": "checkpoint.mode",
+    "RTJ_METRICS_PORT": "metrics.port",
+    "RTJ_METRICS_HOST": "metrics.host",
+    "RTJ_INPROCESS_RESTART": "resiliency.inprocess_restart",
+    "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "resiliency.heartbeat_timeout_seconds",
+    "TRAINER_FAULTS": "faults",
+}
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{dotted}: '{part}' is a value, not a section")
+        node = child
+    node[leaf] = value
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def environment_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    """The operator's variables that are set (and non-empty), as a nested override dict."""
+    tree: dict[str, Any] = {}
+    for var, path in _OPERATOR_ENV.items():
+        value = env.get(var)
+        if value is not None and (value != "" or var == "TRAINER_FAULTS"):
+            _set_path(tree, path, value)
+    return tree
+
+
+def parse_set_overrides(assignments: Sequence[str]) -> dict[str, Any]:
+    """`["a.b=1", "c=x"]` -> nested dict; values are YAML scalars (`true`, `3`, `null`)."""
+    tree: dict[str, Any] = {}
+    for assignment in assignments:
+        key, sep, raw = assignment.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. train.steps=20")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, (dict, list)):
+            value = raw
+        _set_path(tree, key.strip(), value)
+    return tree
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A YAML or JSON file whose top level is a mapping of sections."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise ConfigError(f"config file {file}: {exc.strerror}") from exc
+    try:
+        data = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"config file {file}: not valid {file.suffix or 'YAML'}: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {file}: the top level must be a mapping of sections")
+    preset = data.pop("preset", None)
+    if preset is not None:
+        data = {"__preset__": preset, **data}
+    return data
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"]) or "<config>"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{path}: unknown field")
+        else:
+            given = item.get("input")
+            shown = "" if isinstance(given, dict) else f" (got {given!r})"
+            lines.append(f"{path}: {item['msg']}{shown}")
+    return "invalid trainer config: " + "; ".join(lines)
+
+
+def build_config(
+    *,
+    preset: str | None = "tiny",
+    file: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Sequence[str] = (),
+) -> Config:
+    """Preset < file < operator environment < `--set` overrides, validated once."""
+    file_tree = read_config_file(file) if file is not None else {}
+    preset = file_tree.pop("__preset__", None) or preset
+    if preset is not None and preset not in PRESETS:
+        raise ConfigError(f"preset: unknown preset {preset!r} (known: {', '.join(PRESETS)})")
+    tree: dict[str, Any] = json.loads(json.dumps(PRESETS[preset])) if preset else {}
+    tree = _merge(tree, file_tree)
+    tree = _merge(tree, environment_overrides(os.environ if env is None else env))
+    tree = _merge(tree, parse_set_overrides(overrides))
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+class LaunchEnvironment(BaseModel):
+    """What the launcher (ft_launcher/torchrun, or the in-process wrapper) tells a worker."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    launcher_restart_count: int = 0
+    """TORCHELASTIC_RESTART_COUNT: ft_launcher's cycle number inside this pod."""
+    under_rank_monitor: bool = False
+    """True when an NVRx rank monitor is listening (FT_RANK_MONITOR_IPC_SOCKET is set)."""
+
+
+def launch_environment(env: Mapping[str, str] | None = None) -> LaunchEnvironment:
+    """Read RANK, LOCAL_RANK, WORLD_SIZE, MASTER_* and the ft_launcher variables."""
+    source = os.environ if env is None else env
+    try:
+        return LaunchEnvironment(
+            rank=int(source.get("RANK", "0")),
+            local_rank=int(source.get("LOCAL_RANK", "0") or 0),
+            world_size=int(source.get("WORLD_SIZE", "1")),
+            master_addr=source.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(source.get("MASTER_PORT", "29500")),
+            launcher_restart_count=int(source.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            under_rank_monitor=bool(source.get("FT_RANK_MONITOR_IPC_SOCKET")),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"launcher environment: {exc}") from None

@@ -1,0 +1,170 @@
+"""Fault injection for tests, benchmarks and drills: `TRAINER_FAULTS="STEP:RANK:KIND,..."`.
+
+KIND is one of:
+
+- `exception`: raise (a soft fault; in-process restart can recover it in the same processes);
+- `sigkill`: the rank's worker process SIGKILLs itself;
+- `hang`: the rank stops making progress but stays alive (sleeps in short slices, so an
+  asynchronous exception from the in-process wrapper can still interrupt it);
+- `exit=CODE`: the worker exits with CODE at once;
+- `launcher-kill`: the whole pod's process tree dies (the ft_launcher that owns this worker, its
+  rank monitors and every worker), as when a node is lost.
+
+A fault fires at the start of step STEP on global rank RANK, before that step's work. Each fault
+fires once per job, even across restarts: before firing, the rank creates a marker file under
+`<checkpoint dir>/faults/` with O_EXCL and fsyncs it; a marker that exists means "already fired".
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+FAULT_KINDS = ("exception", "sigkill", "hang", "exit", "launcher-kill")
+
+
+class FaultSpecError(ValueError):
+    """TRAINER_FAULTS is malformed; the message quotes the offending entry."""
+
+
+class InjectedFault(RuntimeError):
+    """Raised by an `exception` fault."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    step: int
+    rank: int
+    kind: str
+    exit_code: int = 0
+
+    @property
+    def marker_name(self) -> str:
+        kind = f"exit{self.exit_code}" if self.kind == "exit" else self.kind
+        return f"step{self.step}-rank{self.rank}-{kind}"
+
+
+def parse_faults(text: str) -> tuple[Fault, ...]:
+    """`"10:1:exception, 20:0:exit=3"` -> Faults; raises FaultSpecError on anything malformed."""
+    faults = []
+    for raw in text.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        parts = entry.split(":")
+        if len(parts) != 3:
+            raise FaultSpecError(f"TRAINER_FAULTS entry {entry!r}: expected STEP:RANK:KIND")
+        step_text, rank_text, kind = (p.strip() for p in parts)
+        try:
+            step, rank = int(step_text), int(rank_text)
+        except ValueError:
+            raise FaultSpecError(
+                f"TRAINER_FAULTS entry {entry!r}: STEP and RANK must be integers"
+            ) from None
+        if step < 1 or rank < 0:
+            raise FaultSpecError(f"TRAINER_FAULTS entry {entry!r}: STEP >= 1 and RANK >= 0")
+        exit_code = 0
+        if kind.startswith("exit="):
+            try:
+                exit_code = int(kind.removeprefix("exit="))
+            except ValueError:
+                raise FaultSpecError(
+                    f"TRAINER_FAULTS entry {entry!r}: exit=CODE needs an integer"
+                ) from None
+            if not 0 < exit_code < 256:
+                raise FaultSpecError(f"TRAINER_FAULTS entry {entry!r}: CODE must be 1..255")
+            kind = "exit"
+        elif kind not in FAULT_KINDS or kind == "exit":
+            raise FaultSpecError(
+                f"TRAINER_FAULTS entry {entry!r}: unknown KIND {kind!r} "
+                "(exception, sigkill, hang, exit=CODE, launcher-kill)"
+            )
+        faults.append(Fault(step, rank, kind, exit_code))
+    return tuple(faults)
+
+
+def _launcher_tree_pids() -> list[int]:
+    """This worker's ft_launcher (the nearest ancestor whose program is `ft_launcher`) and its
+    descendants, launcher first; falls back to the parent process."""
+    import psutil
+
+    me = psutil.Process()
+    root = me.parent()
+    for ancestor in me.parents():
+        try:
+            if any(os.path.basename(part) == "ft_launcher" for part in ancestor.cmdline()[:2]):
+                root = ancestor
+                break
+        except psutil.Error:
+            continue
+    if root is None:
+        return [os.getpid()]
+    family = [root.pid]
+    try:
+        family += [child.pid for child in root.children(recursive=True)]
+    except psutil.Error:
+        pass
+    return family
+
+
+class FaultInjector:
+    """Fires this rank's faults at their steps, once per job (markers on the checkpoint volume)."""
+
+    def __init__(self, faults: tuple[Fault, ...], *, rank: int, marker_dir: Path) -> None:
+        self.rank = rank
+        self.marker_dir = marker_dir
+        self._by_step = {f.step: f for f in faults if f.rank == rank}
+
+    def already_fired(self, fault: Fault) -> bool:
+        return (self.marker_dir / fault.marker_name).exists()
+
+    def _claim(self, fault: Fault) -> bool:
+        """Record the firing durably before firing; False if it fired in an earlier attempt."""
+        self.marker_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.marker_dir / fault.marker_name, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, f"{time.time()}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        dir_fd = os.open(self.marker_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return True
+
+    def maybe_fire(self, step: int) -> None:
+        fault = self._by_step.get(step)
+        if fault is None or not self._claim(fault):
+            return
+        print(f"[rtj-trainer rank {self.rank}] injecting fault {fault.kind} at step {step}",
+              flush=True)
+        fire(fault)
+
+
+def fire(fault: Fault) -> None:
+    if fault.kind == "exception":
+        raise InjectedFault(f"injected exception at step {fault.step} on rank {fault.rank}")
+    if fault.kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault.kind == "exit":
+        os._exit(fault.exit_code)
+    if fault.kind == "launcher-kill":
+        for pid in _launcher_tree_pids():
+            if pid == os.getpid():
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault.kind == "hang":
+        while True:  # short sleeps: an asynchronous exception can still land between them
+            time.sleep(0.05)

@@ -1,0 +1,230 @@
+"""Distributed setup, FSDP2 sharding, the optimizer and the per-rank checkpoint state.
+
+The same code runs on CPU/gloo and CUDA/NCCL at any world size; the device decides the backend and
+the precision policy. Every transformer block is a `fully_shard` unit and so is the root (which
+holds the embeddings and head). Parameters stay fp32 and sharded; on CUDA the compute runs in bf16
+with fp32 gradient reduction.
+
+Checkpoints are per-rank shards (rtj_trainer.checkpoint): `local_state()` turns the FSDP/optimizer
+state into plain local tensors (each rank's slice of every DTensor), and `load_local_state()`
+writes such a slice back. Slices are only meaningful at the same world size, which the checkpoint
+manifest records and checks (the operator never changes WORLD_SIZE within a job).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import Store
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from .config import Config, LaunchEnvironment
+from .model import GPT
+
+
+@dataclass(frozen=True, slots=True)
+class DistributedContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    mesh: DeviceMesh
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device.type == "cuda" else "gloo"
+
+
+def pick_device(cfg: Config, launch: LaunchEnvironment) -> torch.device:
+    wants_cuda = cfg.train.device == "cuda" or (
+        cfg.train.device == "auto" and torch.cuda.is_available()
+    )
+    if wants_cuda:
+        torch.cuda.set_device(launch.local_rank)
+        return torch.device("cuda", launch.local_rank)
+    return torch.device("cpu")
+
+
+def collective_timeout(cfg: Config, device: torch.device) -> timedelta:
+    res = cfg.resiliency
+    if res.collective_timeout_seconds is not None:
+        seconds = res.collective_timeout_seconds
+    elif res.inprocess_restart and device.type == "cpu":
+        seconds = 5.0  # gloo cannot be aborted: a peer stuck in a collective waits this long
+    else:
+        seconds = 2 * res.heartbeat_timeout_seconds
+    return timedelta(seconds=seconds)
+
+
+def init_distributed(
+    cfg: Config, launch: LaunchEnvironment, store: Store | None = None
+) -> DistributedContext:
+    """`init_process_group` (env:// unless a store is given) and a 1-D mesh over all ranks."""
+    device = pick_device(cfg, launch)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs: dict[str, Any] = {"timeout": collective_timeout(cfg, device)}
+    if store is not None:
+        kwargs.update(store=store, rank=launch.rank, world_size=launch.world_size)
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+    dist.init_process_group(backend, **kwargs)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    return DistributedContext(
+        rank=dist.get_rank(),
+        local_rank=launch.local_rank,
+        world_size=dist.get_world_size(),
+        device=device,
+        mesh=mesh,
+    )
+
+
+def build_model(cfg: Config, ctx: DistributedContext) -> GPT:
+    """Build on the target device with seeded weights (identical on every rank), then shard."""
+    with torch.device(ctx.device):
+        model = GPT(cfg.model)
+    generator = torch.Generator(device=ctx.device).manual_seed(cfg.train.seed)
+    model.init_weights(generator)
+    use_bf16 = cfg.train.mixed_precision == "bf16" or (
+        cfg.train.mixed_precision == "auto" and ctx.device.type == "cuda"
+    )
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if use_bf16
+        else MixedPrecisionPolicy()
+    )
+    for block in model.blocks:
+        fully_shard(block, mesh=ctx.mesh, mp_policy=policy)
+    fully_shard(model, mesh=ctx.mesh, mp_policy=policy)
+    return model
+
+
+def build_optimizer(
+    cfg: Config, model: torch.nn.Module
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW (no decay on norms) with linear warmup and cosine decay to min_lr_ratio."""
+    o = cfg.optim
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": o.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=o.lr,
+        betas=(o.beta1, o.beta2),
+        foreach=True,
+    )
+    total = cfg.train.steps
+
+    def factor(step: int) -> float:
+        if o.warmup_steps and step < o.warmup_steps:
+            return (step + 1) / o.warmup_steps
+        progress = min(1.0, (step - o.warmup_steps) / max(1, total - o.warmup_steps))
+        return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def train_step(
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    tokens: torch.Tensor,
+    grad_clip: float,
+) -> torch.Tensor:
+    """One optimizer step on this rank's batch; returns the loss averaged over all ranks."""
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    logits = model(inputs)
+    loss = torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    )
+    loss.backward()  # type: ignore[no-untyped-call]
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    mean = loss.detach().clone()
+    dist.all_reduce(mean, op=dist.ReduceOp.SUM)
+    return mean / dist.get_world_size()
+
+
+def _to_local(value: Any) -> Any:
+    if isinstance(value, DTensor):
+        return value.to_local()
+    if isinstance(value, dict):
+        return {k: _to_local(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_local(v) for v in value]
+    return value
+
+
+def _into_template(template: Any, saved: Any, where: str) -> Any:
+    """Copy saved local slices into the DTensors of a freshly obtained state-dict template."""
+    if isinstance(template, DTensor):
+        local = template.to_local()
+        if not isinstance(saved, torch.Tensor) or saved.shape != local.shape:
+            got = tuple(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
+            raise ValueError(f"checkpoint shard mismatch at {where}: {got} vs {tuple(local.shape)}")
+        local.copy_(saved)
+        return template
+    if isinstance(template, dict):
+        missing = set(template) - set(saved)
+        if missing:
+            raise ValueError(f"checkpoint lacks {where}.{sorted(missing)[:3]}")
+        return {k: _into_template(v, saved[k], f"{where}.{k}") for k, v in template.items()}
+    if isinstance(template, list):
+        pairs = enumerate(zip(template, saved, strict=True))
+        return [_into_template(t, s, f"{where}[{i}]") for i, (t, s) in pairs]
+    if isinstance(template, torch.Tensor) and isinstance(saved, torch.Tensor):
+        return saved.to(device=template.device, dtype=template.dtype)
+    return saved
+
+
+def local_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> dict[str, Any]:
+    """This rank's slice of model, optimizer and scheduler state (tensors still on the device)."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {
+        "model": _to_local(model_sd),
+        "optimizer": _to_local(optim_sd),
+        "scheduler": scheduler.state_dict(),
+    }
+
+
+def load_local_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    saved: dict[str, Any],
+) -> None:
+    model_template, optim_template = get_state_dict(model, optimizer)
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=_into_template(model_template, saved["model"], "model"),
+        optim_state_dict=_into_template(optim_template, saved["optimizer"], "optimizer"),
+    )
+    scheduler.load_state_dict(saved["scheduler"])
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"].clone())
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"].clone(), device)

@@ -1,0 +1,211 @@
+"""The one NVRx adapter for hang detection and restarts; the step loop never branches on it.
+
+Two NVRx pieces meet here:
+
+- **`RankMonitorClient`** (when running under `ft_launcher`, i.e. FT_RANK_MONITOR_IPC_SOCKET is
+  set): a heartbeat per step, `step`/`checkpoint` sections (no-ops unless the launcher configures
+  section timeouts), optional learned timeouts after a few steps, and its state saved with every
+  checkpoint. Without a rank monitor the same calls do nothing.
+- **`inprocess.Wrapper`** (switch: `resiliency.inprocess_restart`, env RTJ_INPROCESS_RESTART): the
+  training function is re-entered in the same processes after a soft fault. Each restart iteration
+  builds its own process group on a fresh key prefix of an application TCPStore at
+  MASTER_PORT+1 (the wrapper's own store is at MASTER_PORT+2). On CPU the wrapper is built with
+  LOCAL_RANK unset (otherwise it chains NVML health checks that fail without a GPU; docs/nvrx.md
+  I1) and gloo uses a short timeout (gloo cannot be aborted). On CUDA it adds `CudaHealthCheck`.
+  The wrapper gives up (and the process exits, so ft_launcher restarts the job) when fewer than
+  all ranks are left: our checkpoints are per-rank shards for a fixed world size.
+
+`Session` is what one training attempt sees; `Resiliency.run(train)` calls `train(session)` once
+(plain) or once per restart iteration (in-process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
+
+from .config import Config, LaunchEnvironment, launch_environment
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Session:
+    """Hooks for one training attempt (one in-process restart iteration)."""
+
+    def __init__(
+        self,
+        resiliency: Resiliency,
+        *,
+        iteration: int,
+        call_wrapper: Any = None,
+        store: Store | None = None,
+    ) -> None:
+        self._resiliency = resiliency
+        self.iteration = iteration
+        self._call_wrapper = call_wrapper
+        self._store = store
+        self.launch = launch_environment()
+        self.last_heartbeat = 0.0
+
+    def process_group_store(self) -> Store | None:
+        """Store for `init_process_group` (None: the launcher's env:// rendezvous)."""
+        return self._store
+
+    def heartbeat(self) -> float:
+        """Tell every watchdog this rank made progress; returns the heartbeat time."""
+        client = self._resiliency.client
+        if client is not None:
+            client.send_heartbeat()
+        if self._call_wrapper is not None:
+            self._call_wrapper.ping()
+        self.last_heartbeat = time.time()
+        return self.last_heartbeat
+
+    @contextlib.contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        """An NVRx timed section (no-op unless the launcher configured a timeout for `name`)."""
+        client = self._resiliency.client
+        if client is not None:
+            client.start_section(name)
+        try:
+            yield
+        finally:
+            if client is not None:
+                client.end_section(name)
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """Code the in-process wrapper must not interrupt halfway (e.g. staging a checkpoint)."""
+        if self._call_wrapper is None:
+            yield
+        else:
+            with self._call_wrapper.atomic():
+                yield
+
+    def after_step(self, steps_this_attempt: int) -> None:
+        """Learn heartbeat timeouts once, after the configured number of steps (collective)."""
+        client = self._resiliency.client
+        learn_after = self._resiliency.cfg.resiliency.learn_timeouts_after_steps
+        if (
+            client is not None
+            and learn_after
+            and steps_this_attempt == learn_after
+            and client.calculate_and_set_hb_timeouts(skip_if_not_ready=True)
+        ):
+            log.info("learned NVRx heartbeat timeouts: %s", client.hb_timeouts)
+
+    def monitor_state(self) -> dict[str, Any]:
+        client = self._resiliency.client
+        return dict(client.state_dict()) if client is not None else {}
+
+    def load_monitor_state(self, state: dict[str, Any]) -> None:
+        client = self._resiliency.client
+        if client is not None and state:
+            client.load_state_dict(state)
+
+
+class Resiliency:
+    """Built once per worker process; owns the rank-monitor client and the in-process wrapper."""
+
+    def __init__(self, cfg: Config, launch: LaunchEnvironment) -> None:
+        self.cfg = cfg
+        self.launch = launch
+        self.client: Any = None
+        if launch.under_rank_monitor:
+            from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+            self.client = RankMonitorClient()
+            self.client.init_workload_monitoring()
+        self._app_store: TCPStore | None = None
+
+    def run(self, train: Callable[[Session], T]) -> T:
+        if not self.cfg.resiliency.inprocess_restart:
+            return train(Session(self, iteration=0))
+        return self._run_inprocess(train)
+
+    def close(self) -> None:
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.shutdown_workload_monitoring()
+
+    # -- in-process restart ---------------------------------------------------------------------
+
+    def _application_store(self) -> TCPStore:
+        if self._app_store is None:
+            launch = launch_environment()
+            self._app_store = TCPStore(
+                host_name=launch.master_addr,
+                port=launch.master_port + 1,
+                world_size=launch.world_size,
+                is_master=launch.rank == 0,
+                multi_tenant=True,
+                wait_for_workers=True,
+                use_libuv=True,
+                timeout=timedelta(seconds=120),
+            )
+        return self._app_store
+
+    def _soft_timeout(self) -> float:
+        res = self.cfg.resiliency
+        return res.inprocess_soft_timeout_seconds or max(2.0, res.heartbeat_timeout_seconds / 2)
+
+    def _run_inprocess(self, train: Callable[[Session], T]) -> T:
+        from nvidia_resiliency_ext import inprocess
+        from nvidia_resiliency_ext.inprocess import abort as inprocess_abort
+
+        res = self.cfg.resiliency
+        soft = self._soft_timeout()
+        on_cuda = self.cfg.train.device != "cpu" and torch.cuda.is_available()
+        world_size = self.launch.world_size
+        wrapper_kwargs: dict[str, Any] = {
+            "store_kwargs": {"port": self.launch.master_port + 2,
+                             "timeout": timedelta(seconds=120)},
+            "initialize": inprocess.initialize.RetryController(
+                max_iterations=res.inprocess_max_restarts + 1,
+                min_world_size=world_size,
+                min_active_world_size=world_size,
+            ),
+            "abort": inprocess.Compose(
+                inprocess_abort.AbortTorchDistributed(),
+                inprocess_abort.AbortPersistentCheckpointProcesses(),
+            ),
+            "soft_timeout": timedelta(seconds=soft),
+            "hard_timeout": timedelta(seconds=soft * 2 + 5),
+            "heartbeat_timeout": timedelta(seconds=soft * 2 + 5),
+            "barrier_timeout": timedelta(seconds=soft * 4 + 60),
+            "completion_timeout": timedelta(seconds=soft * 4 + 60),
+            "last_call_wait": timedelta(seconds=0.5),
+            "monitor_process_interval": timedelta(seconds=min(1.0, soft / 4)),
+            "monitor_thread_interval": timedelta(seconds=min(1.0, soft / 4)),
+            "progress_watchdog_interval": timedelta(seconds=min(1.0, soft / 4)),
+            "heartbeat_interval": timedelta(seconds=min(1.0, soft / 4)),
+        }
+        if on_cuda:
+            wrapper_kwargs["health_check"] = inprocess.health_check.CudaHealthCheck()
+        local_rank = os.environ.pop("LOCAL_RANK", None) if not on_cuda else None
+        try:
+            wrapper = inprocess.Wrapper(**wrapper_kwargs)
+        finally:
+            if local_rank is not None:
+                os.environ["LOCAL_RANK"] = local_rank
+
+        def attempt(call_wrapper=None):  # type: ignore[no-untyped-def]
+            iteration = int(call_wrapper.iteration)
+            store = PrefixStore(f"rtj-iteration-{iteration}", self._application_store())
+            return train(Session(self, iteration=iteration, call_wrapper=call_wrapper,
+                                 store=store))
+
+        # The wrapper finds the CallWrapper parameter by its (real, not string) annotation.
+        attempt.__annotations__ = {"call_wrapper": inprocess.CallWrapper}
+        wrapped = wrapper(attempt)
+        result: T = wrapped()
+        return result
