@@ -3,7 +3,7 @@
 
 It starts a throw-away local control plane (etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler) with three process-backed p5.48xlarge-like nodes, runs the operator, applies
-examples/cpu-tiny.yaml (2 nodes × 2 ranks of the tiny CPU trainer under ft_launcher, with the
+examples/cpu-tiny.yaml (2 nodes x 2 ranks of the tiny CPU trainer under ft_launcher, with the
 faults its TRAINER_FAULTS injects), prints `kubectl get rtj` whenever it changes, and at the end
 prints what happened: state, steps, restarts by kind, incidents with their recovery seconds,
 goodput, and the trainer's own summary line. Everything it started is stopped on the way out.
@@ -46,7 +46,7 @@ def trainer_summary(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | No
     for pod in sorted(pods):
         try:
             log = cluster.pod_log(ns, pod)
-        except Exception:  # noqa: BLE001 - the log may be gone with a deleted pod
+        except Exception:  # the log may be gone with a deleted pod
             continue
         for line in reversed(log.splitlines()):
             i = line.find('{"event": "summary"')
@@ -72,7 +72,8 @@ def print_summary(job: dict[str, Any], trainer: dict[str, Any] | None, wall: flo
     incidents = st.get("incidents") or []
     if incidents:
         print("  incidents:")
-        print(f"    {'cause':<14}{'node':>5}{'rank':>6}  {'action':<16}{'detected':<22}{'recovered s':>12}")
+        print(f"    {'cause':<14}{'node':>5}{'rank':>6}  {'action':<16}{'detected':<22}"
+              f"{'recovered s':>12}")
         for inc in incidents:
             secs = inc.get("seconds")
             print(f"    {inc.get('cause', ''):<14}{inc.get('nodeIndex', ''):>5}"

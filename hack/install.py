@@ -88,13 +88,18 @@ def install_nvrx(py: Path) -> None:
     dependencies. tests/unit/test_nvrx_install.py imports every piece we use so a broken
     install fails loudly.
     """
-    try:
+    with tempfile.TemporaryDirectory() as probe:
+        # Would pip take the wheel for this interpreter and platform? (`pip download` checks the
+        # tags like `pip install` does, without touching the venv.)
+        native = subprocess.run(
+            [str(py), "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "-d", probe, NVRX], capture_output=True, check=False).returncode == 0
+    if native:
         run(py, "-m", "pip", "install", "-q", "--only-binary=:all:", NVRX)
-        log("nvidia-resiliency-ext installed by pip (platform matches)")
+        log("nvidia-resiliency-ext installed by pip (the wheel's platform tag matches)")
         return
-    except subprocess.CalledProcessError:
-        log("pip cannot install the manylinux_2_39 wheel here (expected on Debian 12); "
-            "installing the same wheel with PyPA installer")
+    log("pip refuses the manylinux_2_39 wheel here (expected on Debian 12, glibc 2.36); "
+        "installing the same wheel with PyPA installer")
     with tempfile.TemporaryDirectory() as tmp:
         run(py, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
             "--python-version", "3.12", "--platform", "manylinux_2_39_x86_64", "-d", tmp, NVRX)
@@ -105,6 +110,11 @@ def install_nvrx(py: Path) -> None:
         deps = [line.split(":", 1)[1].strip() for line in meta.splitlines()
                 if line.startswith("Requires-Dist:") and "extra ==" not in line]
         run(py, "-m", "pip", "install", "-q", "installer>=0.7,<2", *deps)
+        check = ("import importlib.metadata as m; "
+                 "assert m.version('nvidia-resiliency-ext') == '0.7.0'")
+        if subprocess.run([str(py), "-c", check], capture_output=True, check=False).returncode == 0:
+            log("nvidia-resiliency-ext 0.7.0 is already installed")
+            return
         # Re-installs replace the previous copy (installer refuses to overwrite files).
         subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "nvidia-resiliency-ext"],
                        check=False, capture_output=True)

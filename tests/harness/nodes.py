@@ -648,13 +648,13 @@ class Kubelet:
             "/dev/shm": (str(pod_dir / "shm"), False),
             "/etc/hosts": (str(pod_dir / "hosts"), False),
         }
+        mounts["/tmp"] = (str(pod_dir / "tmp"), False)
         if Path("/tmp") in pod_dir.resolve().parents:
-            # A private /tmp would hide the pod's own directory (its working directory, which
-            # spawned children such as NVRx's checkpoint worker chdir into by path): give the
-            # pod its private temp dir through TMPDIR instead.
-            env["TMPDIR"] = str(pod_dir / "tmp")
-        else:
-            mounts["/tmp"] = (str(pod_dir / "tmp"), False)
+            # The private /tmp hides the pod's own directory when the run dir lives under /tmp;
+            # bind the working directory back at its own path, since spawned children (NVRx's
+            # checkpoint worker) chdir into it by path. (TMPDIR is no way out: ft_launcher's
+            # unix sockets live there and the path would be too long for AF_UNIX.)
+            mounts[str(pod_dir / "work")] = (str(pod_dir / "work"), False)
         for mount in container.get("volumeMounts", []) or []:
             if mount["name"] not in volumes:
                 raise NotReadyToStart("CreateContainerConfigError", f"no volume {mount['name']}")

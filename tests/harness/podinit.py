@@ -78,7 +78,10 @@ def main() -> None:
         os.makedirs(spec["working_dir"], exist_ok=True)
         os.chdir(spec["working_dir"])
     else:
-        os.fchdir(default_workdir)
+        try:  # by path: children that re-enter the working directory by name must find it
+            os.chdir(spec["pod_dir"])
+        except OSError:
+            os.fchdir(default_workdir)
     os.close(default_workdir)
 
     argv: list[str] = spec["argv"]
