@@ -1,19 +1,22 @@
 """GPU smoke and checkpoint benchmark of the trainer on one GPU (run through the device tool).
 
-Runs `python -m rtj_trainer` (one rank, FSDP2 over a 1-GPU mesh, bf16) four times on the same
-config and compares:
+Runs `python -m rtj_trainer` (one rank, FSDP2 over a 1-GPU mesh, bf16) on the same config and
+compares:
 
-1. no checkpoints (the baseline step time);
+1. no checkpoints (the baseline step time; `--baseline-steps`);
 2. NVRx async checkpoints every `--interval` steps (stall = the step loop blocked);
 3. synchronous checkpoints at the same interval;
-4. a resume of run 2 (a new process loads the newest committed checkpoint and trains on).
+4. a resume of run 2 (a new process loads the newest committed checkpoint and trains on);
+5. optionally async checkpoints at a second, shorter interval (`--second-interval`).
 
-Training efficiency of a run = productive step seconds / (productive + checkpoint stall) inside
-the step loop. Also measures the raw device-to-host staging copy (page-locked shared buffer vs
-pageable memory) on the same state size. Prints one JSON object per run and a final JSON line with
-everything; `--out` also writes it to a file.
+Training efficiency of a run = step seconds / (step seconds + checkpoint stall) inside the step
+loop. Per save it reports the stall (and, from `commits.jsonl`, how much of it was waiting for the
+previous write vs staging the copy), the writer's seconds (write to the page cache + fsync) and
+GB/s. Also measures the raw device-to-host staging copy (page-locked shared buffer vs pageable
+memory). Prints one JSON object per run and a final JSON line with everything; `--out` is
+rewritten after every run, so a run cut short still leaves what was measured.
 
-    python bench/trainer_gpu.py --preset 1b --steps 120 --interval 60 --out $OUT/gpu.json
+    python bench/trainer_gpu.py --preset 1b --steps 300 --interval 100 --out $OUT/gpu.json
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +57,43 @@ def run_trainer(
     result["resumed"] = resumed[0] if resumed else None
     stalls = [float(m) for m in re.findall(r"stall ([0-9.]+) s", proc.stdout)]
     result["stalls"] = stalls
+    result["saves"] = read_commits(ckpt_dir, began)
+    step_seconds = float(summary.get("productive_seconds", 0.0))
+    if summary.get("attempt_steps") != summary.get("steps"):  # a resume: restored seconds too
+        step_seconds = float(summary["attempt_loop_seconds"]) - sum(stalls)
+    stall_total = float(summary.get("attempt_checkpoint_stall_seconds_total", 0.0))
+    result["step_seconds"] = round(step_seconds, 3)
+    result["training_efficiency"] = round(step_seconds / max(1e-9, step_seconds + stall_total), 4)
     result["log_tail"] = lines[-6:]
     return result
+
+
+def read_commits(ckpt_dir: Path, since: float) -> list[dict[str, Any]]:
+    """One entry per checkpoint this run committed: stall parts, writer seconds and GB/s."""
+    saves: list[dict[str, Any]] = []
+    try:
+        lines = (ckpt_dir / "commits.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return saves
+    for line in lines:
+        commit = json.loads(line)
+        if commit.get("committed_at", 0) < since:
+            continue
+        writer = commit.get("slowest_writer") or {}
+        seconds = float(writer.get("seconds", 0.0))
+        shard_bytes = int(commit.get("shard_bytes_max", commit.get("bytes", 0)))
+        saves.append({
+            "step": commit["step"],
+            "shard_GB": round(shard_bytes / 1e9, 3),
+            "stall": commit.get("rank0_stall"),
+            "writer_seconds": seconds,
+            "writer_write_seconds": writer.get("write_seconds"),
+            "writer_fsync_seconds": writer.get("fsync_seconds"),
+            "writer_threads": writer.get("threads"),
+            "write_GBps": round(shard_bytes / seconds / 1e9, 3) if seconds else None,
+            "save_to_commit_seconds": commit.get("save_to_commit_seconds"),
+        })
+    return saves
 
 
 def staging_copy_benchmark(gib: float) -> dict[str, Any]:
@@ -63,8 +102,9 @@ def staging_copy_benchmark(gib: float) -> dict[str, Any]:
     n = int(gib * (1 << 30))
     src = torch.empty(n, dtype=torch.uint8, device="cuda")
     out: dict[str, Any] = {"bytes": n}
-    shared = torch.empty(n, dtype=torch.uint8).share_memory_()
-    rc = torch.cuda.cudart().cudaHostRegister(shared.data_ptr(), n, 0)
+    shared = torch.empty(n, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
+    rc = torch.cuda.cudart().cudaHostRegister(  # type: ignore[no-untyped-call]
+        shared.data_ptr(), n, 0)
     out["cudaHostRegister_rc"] = int(rc)
     pageable = torch.empty(n, dtype=torch.uint8)
     pageable.fill_(1)
@@ -78,22 +118,69 @@ def staging_copy_benchmark(gib: float) -> dict[str, Any]:
             best = min(best, time.perf_counter() - t0)
         out[label] = {"seconds": round(best, 4), "GBps": round(n / best / 1e9, 2)}
     if int(rc) == 0:
-        torch.cuda.cudart().cudaHostUnregister(shared.data_ptr())
+        torch.cuda.cudart().cudaHostUnregister(  # type: ignore[no-untyped-call]
+            shared.data_ptr())
+    return out
+
+
+def staging_allocation_benchmark(nbytes: int, repeats: int = 2) -> dict[str, Any]:
+    """What `Checkpointer.prepare` costs once per attempt: allocate the shared staging buffer and
+    page-lock it. The trainer's way (`torch.empty(n).share_memory_()`: private pages, then a copy
+    into shared memory) against allocating in shared memory directly (`_new_shared`)."""
+    import torch
+
+    def old_way() -> torch.Tensor:
+        buffer: torch.Tensor = torch.empty(nbytes, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
+        return buffer
+
+    def new_way() -> torch.Tensor:
+        storage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
+        return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+    out: dict[str, Any] = {"bytes": nbytes}
+    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+    makers: list[tuple[str, Callable[[], torch.Tensor]]] = [
+        ("new_shared", new_way), ("empty_share_memory_", old_way)]
+    for attempt in range(repeats):
+        for label, make in makers:
+            t0 = time.perf_counter()
+            buffer = make()
+            t1 = time.perf_counter()
+            rc = int(cudart.cudaHostRegister(buffer.data_ptr(), nbytes, 0))
+            t2 = time.perf_counter()
+            if rc == 0:
+                cudart.cudaHostUnregister(buffer.data_ptr())
+            del buffer
+            out[f"{label}_{attempt}"] = {"allocate_seconds": round(t1 - t0, 3),
+                                         "register_seconds": round(t2 - t1, 3),
+                                         "total_seconds": round(t2 - t0, 3), "register_rc": rc}
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="1b")
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--interval", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--interval", type=int, default=100)
+    parser.add_argument("--baseline-steps", type=int, default=None,
+                        help="steps of the no-checkpoint run (default: --steps)")
+    parser.add_argument("--second-interval", type=int, default=0,
+                        help="also run async at this interval (0: skip)")
+    parser.add_argument("--second-steps", type=int, default=120)
+    parser.add_argument("--budget", type=float, default=1e9,
+                        help="seconds; start no further trainer run once this much has passed")
     parser.add_argument("--resume-extra-steps", type=int, default=10)
     parser.add_argument("--root", default="/tmp/rtj-gpu-bench")
     parser.add_argument("--out", default=None)
     parser.add_argument("--staging-gib", type=float, default=4.0)
     parser.add_argument("--timeout", type=float, default=200)
     parser.add_argument("--device", default="cuda", help="cpu: a local dry run of this script")
+    parser.add_argument("--runs", default="no_checkpoint,async,sync,resume_async,second",
+                        help="comma-separated subset of the trainer runs to make")
+    parser.add_argument("--allocation-gb", type=float, default=0.0,
+                        help="also time allocating + page-locking a staging buffer of this size")
     args = parser.parse_args()
+    started = time.time()
     root = Path(args.root)
     common = [f"train.steps={args.steps}", f"train.device={args.device}", "train.log_every=20",
               "checkpoint.verify_checksums=true"]
@@ -106,29 +193,44 @@ def main() -> int:
     except Exception as exc:  # a failed micro-benchmark must not stop the trainer runs
         results["staging"] = {"error": repr(exc)}
     print(json.dumps({"staging": results["staging"]}), flush=True)
-    plans = [
-        ("no_checkpoint", "none", ["checkpoint.interval_steps=0", "checkpoint.save_final=false"]),
-        ("async", "async", [f"checkpoint.interval_steps={args.interval}", "checkpoint.mode=async"]),
-        ("sync", "sync", [f"checkpoint.interval_steps={args.interval}", "checkpoint.mode=sync"]),
+    if args.allocation_gb:
+        try:
+            results["allocation"] = staging_allocation_benchmark(int(args.allocation_gb * 1e9))
+        except Exception as exc:
+            results["allocation"] = {"error": repr(exc)}
+        print(json.dumps({"allocation": results["allocation"]}), flush=True)
+    every = [f"checkpoint.interval_steps={args.interval}"]
+    plans: list[tuple[str, str, list[str], bool]] = [  # name, folder, --set values, keep folder
+        ("no_checkpoint", "none", [f"train.steps={args.baseline_steps or args.steps}",
+                                   "checkpoint.interval_steps=0", "checkpoint.save_final=false"],
+         False),
+        ("async", "async", [*every, "checkpoint.mode=async"], True),
+        ("sync", "sync", [*every, "checkpoint.mode=sync"], False),
+        ("resume_async", "async", [f"train.steps={args.steps + args.resume_extra_steps}",
+                                   *every, "checkpoint.mode=async"], False),
     ]
-    runs = []
-    for i, (name, folder, sets) in enumerate(plans):
+    if args.second_interval:
+        plans.append((f"async_every_{args.second_interval}", "async2",
+                      [f"train.steps={args.second_steps}",
+                       f"checkpoint.interval_steps={args.second_interval}",
+                       "checkpoint.mode=async"], False))
+    runs: list[dict[str, Any]] = []
+    results["runs"] = runs
+    wanted = set(args.runs.split(","))
+    for i, (name, folder, sets, keep) in enumerate(plans):
+        if name not in wanted and not (name.startswith("async_every") and "second" in wanted):
+            continue
+        if time.time() - started > args.budget:
+            runs.append({"run": name, "skipped": "--budget spent"})
+            continue
         ckpt = root / folder
-        r = run_trainer(name, args.preset, ckpt, [*common, *sets], 29500 + i, args.timeout)
+        r = run_trainer(name, args.preset, ckpt, [*common, *sets], 29500 + 10 * i, args.timeout)
         runs.append(r)
         print(json.dumps(r), flush=True)
-        if folder != "async":  # keep the disk free: only the async run is resumed
+        if not keep:  # keep the disk free: only the async run is resumed
             shutil.rmtree(ckpt, ignore_errors=True)
-    resume = run_trainer(
-        "resume_async", args.preset, root / "async",
-        [*common, f"train.steps={args.steps + args.resume_extra_steps}",
-         f"checkpoint.interval_steps={args.interval}", "checkpoint.mode=async"],
-        29510, args.timeout)
-    runs.append(resume)
-    print(json.dumps(resume), flush=True)
-    results["runs"] = runs
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1))
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=1))
     print(json.dumps(results), flush=True)
     return 0
 

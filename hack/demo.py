@@ -119,12 +119,13 @@ def main() -> int:
         job: dict[str, Any] = {}
         while time.monotonic() - start < args.timeout:
             table = cluster.kubectl("get", "rtj", name, "-n", ns, check=False).stdout.strip()
-            if table and table != last_table:
-                lines = table.splitlines()
+            lines = table.splitlines()
+            row = lines[-1].rsplit(None, 1)[0] if len(lines) > 1 else ""  # without AGE
+            if row and row != last_table:
                 if not last_table:
                     print("            " + lines[0])
                 print(f"[{time.strftime('%H:%M:%S')}]  " + lines[-1], flush=True)
-                last_table = table
+                last_table = row
             job = get_job(cluster, ns, name)
             if job.get("status", {}).get("state") in ("Succeeded", "Failed"):
                 break

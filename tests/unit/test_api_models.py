@@ -265,12 +265,15 @@ def test_every_example_parses_with_the_models(path: Path) -> None:
     assert parsed.spec.nodes >= 1
 
 
-def test_the_cpu_tiny_example_is_two_nodes_of_two_processes_with_one_injected_fault() -> None:
+def test_the_cpu_tiny_example_has_two_nodes_of_two_ranks_and_a_fault_per_recovery_path() -> None:
     parsed = models.parse_job(yaml.safe_load((REPO / "examples" / "cpu-tiny.yaml").read_text()))
     assert (parsed.spec.nodes, parsed.spec.effective_procs_per_node) == (2, 2)
     assert parsed.spec.checkpoint.storage_class_name == "local-shared"
     faults = [e.value for e in parsed.spec.env if e.name == "TRAINER_FAULTS"]
-    assert faults and len(faults[0].split(",")) == 1  # type: ignore[union-attr]
+    assert faults and faults[0] is not None
+    kinds = {f.split(":")[2] for f in faults[0].split(",")}
+    # in-process restart, ft_launcher restart, and a pod the operator must replace
+    assert kinds == {"exception", "sigkill", "launcher-kill"}
 
 
 def test_the_p5_profile_reserves_the_whole_instance() -> None:
