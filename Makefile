@@ -19,7 +19,9 @@ install: ## create/refresh .venv (Python 3.12, torch, kopf, NVRx 0.7.0); idempot
 testbin: ## build etcd/kube-apiserver/controller-manager/scheduler, fetch kubectl+helm (cached in ~/.cache)
 	@bash hack/build-testbin.sh >/dev/null
 
-test: install testbin ## import contracts + every test tier (unit, integration, e2e)
+test: install testbin ## lint (ruff, mypy --strict, import contracts) + every test tier (unit, integration, e2e)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -16,7 +16,13 @@ echo "[train-local] run directory: $RUN_DIR (TRAINER_FAULTS=${TRAINER_FAULTS:-})
 
 export RTJ_CHECKPOINT_DIR=$RUN_DIR
 export RTJ_JOB_NAME=${RTJ_JOB_NAME:-train-local}
-export RTJ_HEARTBEAT_TIMEOUT_SECONDS=${RTJ_HEARTBEAT_TIMEOUT_SECONDS:-5}
+# With in-process restart on, the rank monitor must give the wrapper time to abort gloo's
+# collectives (a few seconds on CPU) before it kills the ranks: a longer default then.
+if [[ ${RTJ_INPROCESS_RESTART:-0} == 1 ]]; then
+  export RTJ_HEARTBEAT_TIMEOUT_SECONDS=${RTJ_HEARTBEAT_TIMEOUT_SECONDS:-15}
+else
+  export RTJ_HEARTBEAT_TIMEOUT_SECONDS=${RTJ_HEARTBEAT_TIMEOUT_SECONDS:-5}
+fi
 export RTJ_METRICS_HOST=${RTJ_METRICS_HOST:-127.0.0.1}
 export TRAINER_FAULTS=${TRAINER_FAULTS:-}
 export PYTHONUNBUFFERED=1

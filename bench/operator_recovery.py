@@ -1,0 +1,377 @@
+"""Recovery time on Kubernetes: kill one trainer pod of a running job and time the way back.
+
+Starts the local cluster (real etcd, kube-apiserver, controller-manager, scheduler, three
+process-backed nodes; tests/harness), runs the operator (`python -m rtj_operator`) as a
+subprocess, and for each restart strategy applies a job shaped like examples/cpu-tiny.yaml
+(2 nodes x 2 ranks of the tiny CPU trainer under ft_launcher, no injected faults). Once the job
+has trained `--kill-step` steps, every process of pod `<job>-1` gets SIGKILL (the harness's
+`kill_pod`, like a node losing the pod). Measured from the kill:
+
+- the first completed step of the next training attempt (rank 0's `losses.jsonl` on the shared
+  checkpoint volume: exact), and when the step the job was at when killed is completed again;
+- `status.step` first exceeding the step at the kill (polled every 0.5 s through the API);
+- the incident the operator records (`status.incidents[]`: detected / acted / recovered,
+  whole-second timestamps) and the pods it replaced.
+
+`RankRestart` replaces only the killed pod; the surviving pod's ft_launcher restarts its workers
+and waits in the rendezvous for the replacement. `FullRestart` deletes and recreates every pod:
+what plain Kubernetes gives a job (the seed's baseline, minus its CrashLoopBackOff delays).
+
+    python -m bench.operator_recovery --out results/operator-recovery.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shlex
+import socket
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .common import (
+    OPERATOR_SOURCES,
+    REPO_ROOT,
+    TRAINER_SOURCES,
+    StampedLine,
+    StampedProcess,
+    describe_spread,
+    format_spread,
+    format_table,
+    machine_description,
+    source_fingerprint,
+    write_json,
+)
+from .localrun import analyse_recovery, group_attempts, parse_launcher_events, read_losses
+
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+
+EXAMPLE = REPO_ROOT / "examples" / "cpu-tiny.yaml"
+GROUP_PATH = "/apis/training.resilient.dev/v1alpha1"
+STRATEGIES = ("RankRestart", "FullRestart")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.operator_recovery", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--strategies", default=",".join(STRATEGIES),
+                        help="comma-separated restart strategies (default RankRestart,FullRestart)")
+    parser.add_argument("--repeats", type=int, default=1, help="jobs per strategy (default 1)")
+    parser.add_argument("--steps", type=int, default=200, help="job length in steps (default 200)")
+    parser.add_argument("--kill-step", type=int, default=35,
+                        help="kill pod 1 once rank 0 completed this step (default 35)")
+    parser.add_argument("--checkpoint-interval", type=int, default=10,
+                        help="checkpoint.intervalSteps (default 10)")
+    parser.add_argument("--inprocess-restart", choices=("Enabled", "Disabled"),
+                        default="Disabled",
+                        help="faultTolerance.inProcessRestart of the job (default Disabled: a "
+                             "lost pod cannot be recovered in-process, and on a loaded 2-core "
+                             "machine spurious in-process restarts add noise)")
+    parser.add_argument("--reconcile-interval", type=float, default=None,
+                        help="RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS (default: the operator's)")
+    parser.add_argument("--job-timeout", type=float, default=600.0,
+                        help="give up on one job after this many seconds (default 600)")
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="cluster run directory (default: a new temp dir)")
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON results here")
+    args = parser.parse_args(argv)
+    unknown = [s for s in args.strategies.split(",") if s and s not in STRATEGIES]
+    if unknown:
+        parser.error(f"unknown strategy: {', '.join(unknown)}")
+    return args
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def job_manifest(
+    name: str, strategy: str, steps: int, interval: int, inprocess: str = "Disabled"
+) -> dict[str, Any]:
+    """examples/cpu-tiny.yaml without faults, with the step count and strategy given."""
+    manifest: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
+    manifest["metadata"]["name"] = name
+    spec = manifest["spec"]
+    spec["args"] = [f"train.steps={steps}" if a.startswith("train.steps=") else a
+                    for a in spec["args"]]
+    spec["env"] = [e for e in spec.get("env", []) if e["name"] != "TRAINER_FAULTS"]
+    if not spec["env"]:
+        del spec["env"]
+    spec["checkpoint"]["intervalSteps"] = interval
+    spec["faultTolerance"]["restartStrategy"] = strategy
+    spec["faultTolerance"]["inProcessRestart"] = inprocess
+    spec["faultTolerance"]["fullRestartBudget"] = {"max": 3, "windowSeconds": 3600}
+    spec["faultTolerance"]["rankRestartBudget"] = {"max": 3, "windowSeconds": 3600}
+    return manifest
+
+
+def parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+class JobRun:
+    """One job on the cluster: apply, kill pod 1 at the kill step, watch the recovery."""
+
+    def __init__(self, cluster: Any, namespace: str, name: str, strategy: str,
+                 args: argparse.Namespace) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.name = name
+        self.strategy = strategy
+        self.args = args
+        self.job_path = f"{GROUP_PATH}/namespaces/{namespace}/resilienttrainingjobs/{name}"
+
+    def status(self) -> dict[str, Any]:
+        job = self.cluster.api.get_or_none(self.job_path) or {}
+        result: dict[str, Any] = job.get("status") or {}
+        return result
+
+    def trainer_pods(self) -> dict[str, dict[str, Any]]:
+        listed = self.cluster.api.get(
+            f"/api/v1/namespaces/{self.namespace}/pods",
+            labelSelector=f"training.resilient.dev/job={self.name},"
+                          "training.resilient.dev/role=trainer")
+        return {p["metadata"]["name"]: p for p in listed["items"]}
+
+    def losses_path(self) -> Path | None:
+        shared = Path(self.cluster.shared_dir)
+        found = sorted(shared.glob(f"{self.namespace}-{self.name}-*/{self.name}/losses.jsonl"))
+        return found[0] if found else None
+
+    def pod_log_lines(self) -> list[StampedLine]:
+        lines = []
+        for path in sorted((Path(self.cluster.run_dir) / "pods").glob(
+                f"{self.namespace}_{self.name}-*.log")):
+            lines += [StampedLine(0.0, text)
+                      for text in path.read_text(errors="replace").splitlines()]
+        return lines
+
+    def run(self) -> dict[str, Any]:
+        args = self.args
+        manifest = job_manifest(self.name, self.strategy, args.steps, args.checkpoint_interval,
+                                args.inprocess_restart)
+        self.cluster.kubectl("apply", "--server-side", "-n", self.namespace, "-f", "-",
+                             input=json.dumps(manifest))
+        applied_at = time.time()
+        deadline = time.monotonic() + args.job_timeout
+        result: dict[str, Any] = {"job": self.name, "strategy": self.strategy,
+                                  "applied_at": applied_at}
+
+        # 1. Train until the kill step.
+        records = []
+        while time.monotonic() < deadline:
+            path = self.losses_path()
+            records = read_losses(path) if path else []
+            if records and max(r.step for r in records) >= args.kill_step:
+                break
+            if self.status().get("state") in ("Failed", "Succeeded"):
+                break
+            time.sleep(0.2)
+        else:
+            result["error"] = f"the job never reached step {args.kill_step}"
+            return result
+        if not records or max(r.step for r in records) < args.kill_step:
+            result["error"] = f"job ended before step {args.kill_step}: {self.status()}"
+            return result
+        result["first_step_after_apply_seconds"] = round(
+            min(r.at for r in records) - applied_at, 3)
+        before = {n: p["metadata"]["uid"] for n, p in self.trainer_pods().items()}
+        step_at_kill = max(r.step for r in records)
+
+        # 2. Kill every process of pod 1.
+        kill_at = time.time()
+        self.cluster.nodes.kill_pod(self.namespace, f"{self.name}-1", 9)
+        result.update(kill_at=kill_at, kill_call_seconds=round(time.time() - kill_at, 3),
+                      step_at_kill=step_at_kill)
+
+        # 3. Watch status.step and the losses until the job finishes.
+        status_step_advanced_at = None
+        final: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            final = self.status()
+            step = final.get("step")
+            if status_step_advanced_at is None and isinstance(step, int) and step > step_at_kill:
+                status_step_advanced_at = time.time()
+            if final.get("state") in ("Succeeded", "Failed"):
+                break
+            time.sleep(0.5)
+        result["final_state"] = final.get("state")
+        result["final_step"] = final.get("step")
+        result["restarts"] = final.get("restarts")
+        result["goodput"] = final.get("goodput")
+        path = self.losses_path()
+        records = read_losses(path) if path else []
+        recovery = analyse_recovery(
+            f"step{step_at_kill + 1}-pod1-kill", kill_at,
+            events=parse_launcher_events(self.pod_log_lines()),
+            inprocess_detections=[], resumes=[], records=records)
+        result["recovery"] = recovery.as_dict()
+        result["attempts"] = [a.identity for a in group_attempts(records)]
+        result["status_step_advanced_seconds"] = (
+            round(status_step_advanced_at - kill_at, 3) if status_step_advanced_at else None)
+        incidents = [i for i in final.get("incidents") or []
+                     if (parse_time(i.get("detectedTime")) or 0) >= kill_at - 2]
+        result["incidents"] = incidents
+        operator_incident = next(
+            (i for i in incidents if i.get("action") in ("RankRestart", "FullRestart")), None)
+        if operator_incident:
+            result["incident"] = {
+                "cause": operator_incident.get("cause"),
+                "action": operator_incident.get("action"),
+                **{f"{key}_after_kill_seconds": (round(t - kill_at, 1) if t else None)
+                   for key, t in (
+                       ("detected", parse_time(operator_incident.get("detectedTime"))),
+                       ("acted", parse_time(operator_incident.get("actedTime"))),
+                       ("recovered", parse_time(operator_incident.get("recoveredTime"))))},
+                "seconds": operator_incident.get("seconds"),
+            }
+        after = {n: p["metadata"]["uid"] for n, p in self.trainer_pods().items()}
+        result["pods_replaced"] = sorted(n for n, uid in before.items() if after.get(n) != uid)
+        return result
+
+
+def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    def pick(*keys: str) -> list[float | None]:
+        values = []
+        for run in runs:
+            value: Any = run
+            for key in keys:
+                value = value.get(key) if isinstance(value, dict) else None
+            values.append(value if isinstance(value, (int, float)) else None)
+        return values
+
+    return {
+        "kill_to_next_step": describe_spread(pick("recovery", "total_seconds")),
+        "kill_to_killed_step_again": describe_spread(
+            pick("recovery", "back_to_fault_step_seconds")),
+        "kill_to_status_step": describe_spread(pick("status_step_advanced_seconds")),
+        "incident_detected": describe_spread(pick("incident", "detected_after_kill_seconds")),
+        "incident_acted": describe_spread(pick("incident", "acted_after_kill_seconds")),
+        "incident_recovered": describe_spread(pick("incident", "recovered_after_kill_seconds")),
+        "incident_seconds": describe_spread(pick("incident", "seconds")),
+        "succeeded": sum(1 for r in runs if r.get("final_state") == "Succeeded"),
+        "runs": len(runs),
+        "pods_replaced": sorted({", ".join(r.get("pods_replaced", [])) for r in runs}),
+    }
+
+
+def render(results: dict[str, Any]) -> str:
+    header = ["strategy", "pods replaced", "kill → next step", "kill → killed step again",
+              "kill → status.step", "incident detected", "acted", "recovered",
+              "incident seconds", "succeeded"]
+    rows = []
+    for strategy, data in results["strategies"].items():
+        agg = data["aggregate"]
+        rows.append([
+            strategy, " / ".join(agg["pods_replaced"]) or "-",
+            format_spread(agg["kill_to_next_step"]),
+            format_spread(agg["kill_to_killed_step_again"]),
+            format_spread(agg["kill_to_status_step"]),
+            format_spread(agg["incident_detected"]), format_spread(agg["incident_acted"]),
+            format_spread(agg["incident_recovered"]), format_spread(agg["incident_seconds"]),
+            f"{agg['succeeded']}/{agg['runs']}",
+        ])
+    return "\n".join([
+        "Kubernetes: SIGKILL of every process of trainer pod 1 (seconds after the kill; "
+        "incident times have 1 s resolution):",
+        "",
+        format_table(header, rows),
+    ])
+
+
+def start_operator(cluster: Any, log_path: Path, reconcile: float | None) -> StampedProcess:
+    liveness = free_port()
+    env = cluster.env() | {
+        "RTJ_OPERATOR_METRICS_PORT": str(free_port()),
+        "RTJ_OPERATOR_LIVENESS_PORT": str(liveness),
+        "RTJ_OPERATOR_RENDEZVOUS_PORT": str(free_port()),
+    }
+    if reconcile is not None:
+        env["RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS"] = f"{reconcile:g}"
+    operator = StampedProcess([sys.executable, "-m", "rtj_operator"], log_path=log_path, env=env)
+    deadline = time.monotonic() + 90
+    while True:
+        if operator.process.poll() is not None:
+            raise RuntimeError(f"the operator exited; see {log_path}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{liveness}/healthz", timeout=1).read()
+            return operator
+        except OSError:
+            if time.monotonic() > deadline:
+                operator.stop()
+                raise RuntimeError(f"the operator did not become live; see {log_path}") from None
+            time.sleep(0.3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from harness.cluster import Cluster
+
+    work_dir = (args.work_dir or Path(tempfile.mkdtemp(prefix="rtj-bench-operator."))).resolve()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {
+        "benchmark": "operator_recovery",
+        "command": "python -m bench.operator_recovery " + shlex.join(
+            argv if argv is not None else sys.argv[1:]),
+        "machine": machine_description(),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "strategies": {},
+    }
+    sources = source_fingerprint(*OPERATOR_SOURCES, *TRAINER_SOURCES)
+    results["operator_and_trainer_source"] = sources
+    began = time.monotonic()
+    cluster = Cluster.start(work_dir / "cluster", nodes=3)
+    results["cluster_start_seconds"] = round(time.monotonic() - began, 1)
+    operator = None
+    try:
+        operator = start_operator(cluster, work_dir / "operator.log", args.reconcile_interval)
+        namespace = cluster.create_namespace("bench")
+        for strategy in [s for s in args.strategies.split(",") if s]:
+            runs = []
+            for repeat in range(args.repeats):
+                name = f"bench-{strategy.lower()}-{repeat}"
+                result = JobRun(cluster, namespace, name, strategy, args).run()
+                print(f"[bench.operator_recovery] {name}: state={result.get('final_state')} "
+                      f"kill→next step={result.get('recovery', {}).get('total_seconds')} s "
+                      f"incident={result.get('incident')} error={result.get('error')}",
+                      flush=True)
+                runs.append(result)
+                cluster.kubectl("delete", "rtj", name, "-n", namespace, "--wait=false",
+                                check=False)
+            results["strategies"][strategy] = {"aggregate": aggregate(runs), "runs": runs}
+    finally:
+        if operator is not None:
+            operator.stop()
+        cluster.stop()
+    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    results["sources_changed_during_run"] = (
+        source_fingerprint(*OPERATOR_SOURCES, *TRAINER_SOURCES) != sources)
+    if results["sources_changed_during_run"]:
+        print("WARNING: operator/trainer sources changed during the run", flush=True)
+    results["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    write_json(args.out, results)
+    print(render(results))
+    if args.out:
+        print(f"\nJSON: {args.out}")
+    return 0 if all(s["aggregate"]["succeeded"] == s["aggregate"]["runs"]
+                    for s in results["strategies"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
