@@ -68,6 +68,7 @@ from harness.nodestate import (
 )
 
 PODINIT = Path(__file__).with_name("podinit.py")
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PROVISIONER = "harness.local/shared"
 STORAGE_CLASS = "local-shared"
 LEASE_SECONDS = 40
@@ -81,6 +82,27 @@ MAX_GRACE_SECONDS = 30.0
 def log(message: str) -> None:
     print(f"[nodes {datetime.now().strftime('%H:%M:%S.%f')[:-3]}] {message}", flush=True)
 
+
+
+def paths_to_keep_visible(work_dir: Path, path_env: str) -> list[Path]:
+    """Host paths under /tmp that a pod must still see through its private /tmp.
+
+    Each pod gets a private /tmp (ft_launcher's sockets and the trainers' temp files stay apart;
+    a TMPDIR instead would make the unix-socket paths too long). When the run directory or the
+    checkout itself lives under /tmp (a CI clone, pytest's basetemp), that would hide the pod's
+    working directory (spawned children such as NVRx's checkpoint worker chdir into it by path),
+    the project's virtualenv (ft_launcher, nvrx-control, python) and its editable sources; these
+    are bound back at their own paths.
+    """
+    tmp = Path("/tmp")
+    wanted = [work_dir.resolve(), REPO_ROOT.resolve()]
+    wanted += [Path(p).resolve() for p in path_env.split(os.pathsep) if p and Path(p).is_dir()]
+    under_tmp = sorted({p for p in wanted if tmp in p.parents}, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for path in under_tmp:
+        if not any(k == path or k in path.parents for k in kept):
+            kept.append(path)
+    return kept
 
 class Kubelet:
     """Owns all node/pod state; only the reconcile thread touches it."""
@@ -649,12 +671,8 @@ class Kubelet:
             "/etc/hosts": (str(pod_dir / "hosts"), False),
         }
         mounts["/tmp"] = (str(pod_dir / "tmp"), False)
-        if Path("/tmp") in pod_dir.resolve().parents:
-            # The private /tmp hides the pod's own directory when the run dir lives under /tmp;
-            # bind the working directory back at its own path, since spawned children (NVRx's
-            # checkpoint worker) chdir into it by path. (TMPDIR is no way out: ft_launcher's
-            # unix sockets live there and the path would be too long for AF_UNIX.)
-            mounts[str(pod_dir / "work")] = (str(pod_dir / "work"), False)
+        for keep in paths_to_keep_visible(pod_dir / "work", env.get("PATH", "")):
+            mounts[str(keep)] = (str(keep), False)
         for mount in container.get("volumeMounts", []) or []:
             if mount["name"] not in volumes:
                 raise NotReadyToStart("CreateContainerConfigError", f"no volume {mount['name']}")

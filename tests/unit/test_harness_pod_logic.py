@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from harness.envvars import (
@@ -243,3 +244,17 @@ def test_pod_conditions_keep_the_schedulers_pod_scheduled_condition() -> None:
         "Ready",
         "PodScheduled",
     }
+
+
+def test_a_checkout_and_run_dir_under_tmp_stay_visible_through_the_private_tmp() -> None:
+    from harness.nodes import REPO_ROOT, paths_to_keep_visible
+
+    work = Path("/tmp/pytest-of-root/p1/cluster0/pod-data/ns_pod/work")
+    kept = paths_to_keep_visible(work, f"/tmp/bin-a:{work}:/usr/bin")
+    assert work in kept
+    assert Path("/usr/bin") not in kept
+    if Path("/tmp") in REPO_ROOT.resolve().parents:  # a CI clone under /tmp
+        assert REPO_ROOT.resolve() in kept
+    # nested paths are covered by their parent's bind mount: no duplicate mounts
+    assert len(kept) == len(set(kept))
+    assert not any(a != b and a in b.parents for a in kept for b in kept)
