@@ -72,13 +72,13 @@ def print_summary(job: dict[str, Any], trainer: dict[str, Any] | None, wall: flo
     incidents = st.get("incidents") or []
     if incidents:
         print("  incidents:")
-        print(f"    {'cause':<14}{'node':>5}{'rank':>6}  {'action':<16}{'detected':<22}"
+        print(f"    {'cause':<14}{'node':>5}{'rank':>6}  {'action':<18}{'detected':<22}"
               f"{'recovered s':>12}")
         for inc in incidents:
             secs = inc.get("seconds")
             print(f"    {inc.get('cause', ''):<14}{inc.get('nodeIndex', ''):>5}"
                   f"{inc.get('rank', '') if inc.get('rank') is not None else '':>6}  "
-                  f"{inc.get('action', ''):<16}{inc.get('detectedTime', ''):<22}"
+                  f"{inc.get('action', ''):<18}{inc.get('detectedTime', ''):<22}"
                   f"{'' if secs is None else f'{secs:.1f}':>12}")
     if trainer:
         print("  trainer summary (rank 0):")
