@@ -14,6 +14,7 @@ re-parented when a parent dies) reliably names everything a run started. Every p
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -233,3 +234,21 @@ def write_json(path: Path | None, data: Any) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, *, work_dir_help: str) -> None:
+    """`--work-dir` and `--out`, the same in every benchmark."""
+    parser.add_argument("--work-dir", type=Path, default=None, help=work_dir_help)
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON results here")
+
+
+def add_local_run_arguments(parser: argparse.ArgumentParser, *, run_timeout: float) -> None:
+    """Options of the benchmarks that run trainer/scripts/train-local.sh."""
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra trainer override, e.g. model.d_model=128 (repeatable)")
+    parser.add_argument("--run-timeout", type=float, default=run_timeout,
+                        help=f"give up on one run after this many seconds "
+                             f"(default {run_timeout:g})")
+    add_output_arguments(
+        parser, work_dir_help="where run directories and logs go (default: a new temp dir)"
+    )

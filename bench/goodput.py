@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import format_table, machine_description, write_json
+from .common import add_local_run_arguments, format_table, machine_description, write_json
 from .localrun import LocalRun, run_local_trainer
 
 DEFAULT_FAULTS = "330:1:exception,740:0:sigkill,1130:1:hang,1560:0:exception,1870:1:sigkill"
@@ -46,13 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--variants", default="faulted,clean,sync",
                         help=f"comma-separated subset of: {', '.join(VARIANTS)} "
                              "(default faulted,clean,sync)")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra trainer override, e.g. model.d_model=128 (repeatable)")
-    parser.add_argument("--run-timeout", type=float, default=1200.0,
-                        help="give up on one run after this many seconds (default 1200)")
-    parser.add_argument("--work-dir", type=Path, default=None,
-                        help="where run directories and logs go (default: a new temp dir)")
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON results here")
+    add_local_run_arguments(parser, run_timeout=1200.0)
     args = parser.parse_args(argv)
     unknown = [v for v in args.variants.split(",") if v and v not in VARIANTS]
     if unknown:

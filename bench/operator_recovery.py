@@ -44,6 +44,7 @@ from .common import (
     TRAINER_SOURCES,
     StampedLine,
     StampedProcess,
+    add_output_arguments,
     describe_spread,
     format_spread,
     format_table,
@@ -81,9 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS (default: the operator's)")
     parser.add_argument("--job-timeout", type=float, default=600.0,
                         help="give up on one job after this many seconds (default 600)")
-    parser.add_argument("--work-dir", type=Path, default=None,
-                        help="cluster run directory (default: a new temp dir)")
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON results here")
+    add_output_arguments(parser, work_dir_help="cluster run directory (default: a new temp dir)")
     args = parser.parse_args(argv)
     unknown = [s for s in args.strategies.split(",") if s and s not in STRATEGIES]
     if unknown:

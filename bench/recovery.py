@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import (
+    add_local_run_arguments,
     describe_spread,
     format_spread,
     format_table,
@@ -86,13 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="heartbeat timeout of the in-process scenario (default 15): it must "
                              "exceed the 5 s gloo timeout the surviving rank waits out on CPU, "
                              "or the rank monitor restarts the workers first")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra trainer override, e.g. model.d_model=128 (repeatable)")
-    parser.add_argument("--run-timeout", type=float, default=300.0,
-                        help="give up on one run after this many seconds (default 300)")
-    parser.add_argument("--work-dir", type=Path, default=None,
-                        help="where run directories and logs go (default: a new temp dir)")
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON results here")
+    add_local_run_arguments(parser, run_timeout=300.0)
     args = parser.parse_args(argv)
     unknown = [s for s in args.scenarios.split(",") if s and s not in SCENARIOS]
     if unknown:

@@ -99,6 +99,17 @@ def test_nodes_look_like_p5_48xlarge_and_are_ready(cluster: Cluster) -> None:
     assert {lease["metadata"]["name"] for lease in leases["items"]} >= set(names)
 
 
+
+def wait_for_pgid(cluster: Cluster, namespace: str, name: str) -> int:
+    """The host process group of a running pod, from the harness's annotation."""
+    path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+    pgid = wait_for(
+        lambda: cluster.api.get(path)["metadata"].get("annotations", {}).get("harness.local/pgid"),
+        30,
+        "the pgid annotation",
+    )
+    return int(pgid)
+
 @pytest.mark.e2e
 def test_a_pod_runs_reports_its_exit_code_and_is_garbage_collected_with_its_owner(
     cluster: Cluster, namespace: str, tmp_path: Path
@@ -275,18 +286,7 @@ def test_freeze_thaw_and_kill_act_on_every_process_of_a_pod(
 ) -> None:
     ticker = "import time\nfor i in range(100000):\n    print(i, flush=True)\n    time.sleep(0.02)"
     create_pod(cluster, namespace, pod_manifest("ticker", ["python", "-c", ticker]))
-    pod_path = f"/api/v1/namespaces/{namespace}/pods/ticker"
-    pod = wait_for(
-        lambda: (
-            (p := cluster.api.get(pod_path))["metadata"]
-            .get("annotations", {})
-            .get("harness.local/pgid")
-            and p
-        ),
-        30,
-        "the pgid annotation",
-    )
-    pgid = int(pod["metadata"]["annotations"]["harness.local/pgid"])
+    pgid = wait_for_pgid(cluster, namespace, "ticker")
     assert os.getpgid(pgid) == pgid
     log_path = cluster.pod_log_path(namespace, "ticker")
     wait_for(lambda: log_path.stat().st_size > 0, 30, "the ticker to print")
@@ -323,17 +323,7 @@ def test_deleting_a_running_pod_sends_sigterm_then_removes_it(
 def test_force_deleting_a_pod_kills_its_processes(cluster: Cluster, namespace: str) -> None:
     create_pod(cluster, namespace, pod_manifest("doomed", ["sleep", "300"]))
     pod_path = f"/api/v1/namespaces/{namespace}/pods/doomed"
-    pod = wait_for(
-        lambda: (
-            (p := cluster.api.get(pod_path))["metadata"]
-            .get("annotations", {})
-            .get("harness.local/pgid")
-            and p
-        ),
-        30,
-        "the pgid annotation",
-    )
-    pgid = int(pod["metadata"]["annotations"]["harness.local/pgid"])
+    pgid = wait_for_pgid(cluster, namespace, "doomed")
 
     cluster.api.delete(pod_path, {"gracePeriodSeconds": 0})  # gone from the API at once
 
