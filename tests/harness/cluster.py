@@ -126,7 +126,18 @@ class Cluster:
             return
         for file in files:
             self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(file))
-        self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        # Right after an apply a CRD can still have no status.conditions at all, and
+        # `kubectl wait` then fails at once ("status.conditions accessor error") instead of
+        # waiting: ask again until it really waits and succeeds.
+        deadline = time.monotonic() + 60
+        while True:
+            result = self.kubectl("wait", "--for=condition=Established", "crd", "--all",
+                                  "--timeout=60s", check=False)
+            if result.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"CRDs not Established: {result.stderr.strip()}")
+            time.sleep(0.5)
 
     def start_node_harness(self, nodes: int) -> None:
         state_file = self.run_dir / "nodes.json"
