@@ -128,6 +128,9 @@ class ResiliencyConfig(_Section):
     inprocess_max_restarts: int = Field(default=5, ge=0)
     inprocess_soft_timeout_seconds: float | None = None
     """Hang guard of the in-process wrapper; default: heartbeat_timeout_seconds / 2."""
+    inprocess_gpu_health_checks: bool = True
+    """On CUDA, let the in-process wrapper chain NVRx's NVML GPU/NVLink/NIC health checks into
+    every restart (a failing check ends the process, i.e. a launcher restart)."""
 
 
 class MetricsConfig(_Section):

@@ -86,12 +86,22 @@ def init_distributed(
     )
 
 
-def build_model(cfg: Config, ctx: DistributedContext) -> GPT:
-    """Build on the target device with seeded weights (identical on every rank), then shard."""
-    with torch.device(ctx.device):
-        model = GPT(cfg.model)
-    generator = torch.Generator(device=ctx.device).manual_seed(cfg.train.seed)
-    model.init_weights(generator)
+def build_model(cfg: Config, ctx: DistributedContext, *, initialise: bool = True) -> GPT:
+    """The sharded model on this rank's device.
+
+    `initialise`: build the whole model on the device with seeded weights (identical on every
+    rank), then shard. Without it (a checkpoint is about to overwrite every parameter) the model is
+    built on the meta device, sharded there, and only this rank's shards are allocated, with no
+    initialisation kernels: a restart neither builds nor initialises the full model.
+    """
+    if initialise:
+        with torch.device(ctx.device):
+            model = GPT(cfg.model)
+        generator = torch.Generator(device=ctx.device).manual_seed(cfg.train.seed)
+        model.init_weights(generator)
+    else:
+        with torch.device("meta"):
+            model = GPT(cfg.model)
     use_bf16 = cfg.train.mixed_precision == "bf16" or (
         cfg.train.mixed_precision == "auto" and ctx.device.type == "cuda"
     )
@@ -103,6 +113,8 @@ def build_model(cfg: Config, ctx: DistributedContext) -> GPT:
     for block in model.blocks:
         fully_shard(block, mesh=ctx.mesh, mp_policy=policy)
     fully_shard(model, mesh=ctx.mesh, mp_policy=policy)
+    if not initialise:
+        model.to_empty(device=ctx.device)
     return model
 
 

@@ -15,6 +15,21 @@ Two NVRx pieces meet here:
   The wrapper gives up (and the process exits, so ft_launcher restarts the job) when fewer than
   all ranks are left: our checkpoints are per-rank shards for a fixed world size.
 
+What makes the in-process path hold on CUDA/NCCL (each of these turned an in-process restart into
+an ft_launcher restart; docs/nvrx.md, "Why an in-process restart falls back"):
+
+- ft_launcher starts workers with TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (tear the process down on an
+  NCCL error). The wrapper's abort of the communicators is such an error, so the survivors died
+  before the wrapper could restart them. With in-process restart on CUDA the worker switches to 2
+  (abort the communicator, keep the process) before its first NCCL process group exists.
+- The NVRx rank monitor keeps timing heartbeats while the wrapper recovers (abort, barrier, new
+  process group, rebuild, reload), which can outlast `heartbeat_timeout_seconds`: the monitor then
+  SIGKILLs a healthy rank. The abort now disconnects this rank from its monitor first
+  (`PauseRankMonitor`), and the next iteration reconnects, so the monitor applies its *initial*
+  heartbeat timeout to the recovery, as it does to a fresh start.
+- NVRx 0.7.0's sibling monitor writes `b'2'`-style ranks into the termination barrier, which makes
+  every later barrier raise at exit (and the launcher then restarts a finished job): patched here.
+
 `Session` is what one training attempt sees; `Resiliency.run(train)` calls `train(session)` once
 (plain) or once per restart iteration (in-process).
 """
@@ -24,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -62,9 +78,11 @@ class Session:
 
     def heartbeat(self) -> float:
         """Tell every watchdog this rank made progress; returns the heartbeat time."""
-        client = self._resiliency.client
-        if client is not None:
-            client.send_heartbeat()
+        resiliency = self._resiliency
+        with resiliency._client_lock:
+            client = resiliency.client
+            if client is not None and client.is_initialized:
+                client.send_heartbeat()
         if self._call_wrapper is not None:
             self._call_wrapper.ping()
         self.last_heartbeat = time.time()
@@ -74,12 +92,14 @@ class Session:
     def section(self, name: str) -> Iterator[None]:
         """An NVRx timed section (no-op unless the launcher configured a timeout for `name`)."""
         client = self._resiliency.client
-        if client is not None:
+        started = False
+        if client is not None and client.is_initialized:
             client.start_section(name)
+            started = True
         try:
             yield
         finally:
-            if client is not None:
+            if started and client.is_initialized:
                 client.end_section(name)
 
     @contextlib.contextmanager
@@ -120,12 +140,26 @@ class Resiliency:
         self.cfg = cfg
         self.launch = launch
         self.client: Any = None
+        self._client_lock = threading.Lock()
         if launch.under_rank_monitor:
             from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
 
             self.client = RankMonitorClient()
             self.client.init_workload_monitoring()
         self._app_store: TCPStore | None = None
+
+    def pause_rank_monitor(self) -> None:
+        """Disconnect from the rank monitor (it stops timing this rank) until `resume`."""
+        with self._client_lock:
+            if self.client is not None and self.client.is_initialized:
+                with contextlib.suppress(Exception):
+                    self.client.shutdown_workload_monitoring()
+
+    def resume_rank_monitor(self) -> None:
+        """Reconnect after an in-process restart; the monitor applies its initial timeout again."""
+        with self._client_lock:
+            if self.client is not None and not self.client.is_initialized:
+                self.client.init_workload_monitoring()
 
     def run(self, train: Callable[[Session], T]) -> T:
         if not self.cfg.resiliency.inprocess_restart:
@@ -162,9 +196,14 @@ class Resiliency:
         from nvidia_resiliency_ext import inprocess
         from nvidia_resiliency_ext.inprocess import abort as inprocess_abort
 
+        _patch_nvrx_initial_ranks()
         res = self.cfg.resiliency
         soft = self._soft_timeout()
         on_cuda = self.cfg.train.device != "cpu" and torch.cuda.is_available()
+        if on_cuda:
+            # Abort the communicator on an NCCL error but keep the process: the wrapper restarts
+            # it. ft_launcher's default (1) kills the process, i.e. a launcher restart of all.
+            os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
         world_size = self.launch.world_size
         wrapper_kwargs: dict[str, Any] = {
             "store_kwargs": {"port": self.launch.master_port + 2,
@@ -174,9 +213,11 @@ class Resiliency:
                 min_world_size=world_size,
                 min_active_world_size=world_size,
             ),
+            # Compose runs right to left: leave the rank monitor first, then abort NCCL.
             "abort": inprocess.Compose(
                 inprocess_abort.AbortTorchDistributed(),
                 inprocess_abort.AbortPersistentCheckpointProcesses(),
+                _pause_rank_monitor_abort(self),
             ),
             "soft_timeout": timedelta(seconds=soft),
             "hard_timeout": timedelta(seconds=soft * 2 + 5),
@@ -191,7 +232,10 @@ class Resiliency:
         }
         if on_cuda:
             wrapper_kwargs["health_check"] = inprocess.health_check.CudaHealthCheck()
-        local_rank = os.environ.pop("LOCAL_RANK", None) if not on_cuda else None
+        # With LOCAL_RANK set the wrapper chains NVML GPU/NVLink/NIC checks into every restart;
+        # they fail closed where NVML cannot be read (a CPU host), so they are opt-in off CUDA.
+        keep_local_rank = on_cuda and res.inprocess_gpu_health_checks
+        local_rank = None if keep_local_rank else os.environ.pop("LOCAL_RANK", None)
         try:
             wrapper = inprocess.Wrapper(**wrapper_kwargs)
         finally:
@@ -200,6 +244,7 @@ class Resiliency:
 
         def attempt(call_wrapper=None):  # type: ignore[no-untyped-def]
             iteration = int(call_wrapper.iteration)
+            self.resume_rank_monitor()
             store = PrefixStore(f"rtj-iteration-{iteration}", self._application_store())
             return train(Session(self, iteration=iteration, call_wrapper=call_wrapper,
                                  store=store))
@@ -209,3 +254,32 @@ class Resiliency:
         wrapped = wrapper(attempt)
         result: T = wrapped()
         return result
+
+
+def _pause_rank_monitor_abort(resiliency: Resiliency) -> Any:
+    """An NVRx `Abort` step that disconnects this rank from its NVRx rank monitor."""
+    from nvidia_resiliency_ext.inprocess.abort import Abort
+
+    class PauseRankMonitor(Abort):  # type: ignore[misc]
+        def __call__(self, state: Any) -> Any:
+            resiliency.pause_rank_monitor()
+            return state
+
+    return PauseRankMonitor()
+
+
+def _patch_nvrx_initial_ranks() -> None:
+    """NVRx 0.7.0: `StoreMixin.get_initial_ranks` returns raw bytes, which the sibling monitor
+    writes into the termination barrier (`b'2',`); every later barrier then fails to parse it.
+    Return ints instead (idempotent; the wrapper's monitor processes are forked and inherit it)."""
+    from nvidia_resiliency_ext.inprocess.store import StoreMixin
+
+    original = StoreMixin.get_initial_ranks
+    if getattr(original, "_rtj_patched", False):
+        return
+
+    def get_initial_ranks(self: Any, ranks: Any) -> list[int]:
+        return [int(r) for r in original(self, ranks)]
+
+    get_initial_ranks._rtj_patched = True  # type: ignore[attr-defined]
+    StoreMixin.get_initial_ranks = get_initial_ranks  # type: ignore[method-assign]

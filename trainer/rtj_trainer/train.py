@@ -89,8 +89,6 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> dict[str, A
     try:
         identity, pod_attempts = _agree_on_identity(cfg, session, ctx)
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        model = parallel.build_model(cfg, ctx)
-        optimizer, scheduler = parallel.build_optimizer(cfg, model)
         data = TokenBatches(cfg.data, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size)
         checkpointer = Checkpointer(
             cfg.checkpoint,
@@ -104,6 +102,9 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> dict[str, A
 
         start_step, productive, completed_at = 0, 0.0, None
         loaded = checkpointer.load_latest()
+        # A resume overwrites every parameter: skip building and initialising the full model.
+        model = parallel.build_model(cfg, ctx, initialise=loaded is None)
+        optimizer, scheduler = parallel.build_optimizer(cfg, model)
         if loaded is not None:
             state = loaded.state
             if state["data"]["fingerprint"] != data.fingerprint():

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Source this on a GPU machine lent through the device tool (no network there) before running a
+# benchmark from the repository root:
+#
+#   . bench/device/setup.sh            # wheels carried in .whl/ (see docs/benchmarks.md)
+#
+# It installs the carried wheels (nvidia-resiliency-ext 0.7.0, pydantic) into /tmp/site, makes a
+# two-file "venv" (bin/python, bin/ft_launcher) that trainer/scripts/train-local.sh can use as
+# RTJ_VENV (the image's python3 is itself a virtualenv, so `python -m venv
+# --system-site-packages` would not see its torch), and grows /dev/shm, where the checkpoint
+# staging buffers live.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || return 1
+export PYTHONPATH=/tmp/site:$PWD/trainer:$PWD PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+mkdir -p /tmp/rtj-venv/bin
+cat > /tmp/rtj-venv/bin/python <<PY
+#!/usr/bin/env bash
+exec python3 "\$@"
+PY
+cat > /tmp/rtj-venv/bin/ft_launcher <<PY
+#!/usr/bin/env bash
+exec python3 -c 'import sys; from nvidia_resiliency_ext.fault_tolerance.launcher import main; sys.argv[0] = "ft_launcher"; sys.exit(main())' "\$@"
+PY
+chmod +x /tmp/rtj-venv/bin/*
+export RTJ_VENV=/tmp/rtj-venv
+mount -o remount,size=100G /dev/shm 2>/dev/null || true
+python3 -c 'import torch, nvidia_resiliency_ext, pydantic; print("[device] torch", torch.__version__, "gpus", torch.cuda.device_count())'
