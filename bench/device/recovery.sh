@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Recovery of the `1b` shape on the GPUs of one host (2 ranks, one per GPU) after one injected
+# fault, through the device tool (wheels carried in .whl/; see bench/device/setup.sh):
+#
+#   SCENARIOS=exception-inprocess,sigkill bash bench/device/recovery.sh
+#
+# Writes $OUT/recovery.json (bench.recovery's JSON) and, per run, the launcher/trainer/NVRx lines
+# of its log ($OUT/<scenario>-<n>.txt) so a fallback can be explained without the GB-sized run
+# directories.
+set -u
+. bench/device/setup.sh || exit 1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+SHAPE=(--set model.num_layers=16 --set model.d_model=2048 --set model.num_heads=16
+       --set model.vocab_size=32000 --set model.seq_len=2048 --set data.batch_size=8)
+python3 -m bench.recovery --repeats "${REPEATS:-1}" \
+  --scenarios "${SCENARIOS:-exception-inprocess,sigkill}" --steps "${STEPS:-40}" \
+  --fault-step "${FAULT_STEP:-30}" --checkpoint-interval "${INTERVAL:-20}" "${SHAPE[@]}" \
+  --run-timeout "${RUN_TIMEOUT:-170}" --work-dir /tmp/rb --out "$OUT/recovery.json"
+rc=$?
+for f in /tmp/rb/*.log; do
+  grep -aE "Cycle:|rtj-trainer|fn_ex|rror|Traceback|estart|ealth|Killed|ignal|erminat|imeout|summary|RankShould|abort" "$f" \
+    | grep -av "^frame #" | tail -n 200 > "$OUT/$(basename "$f" .log).txt"
+done
+exit $rc
