@@ -54,9 +54,16 @@ from rtj_operator.api.models import (
     parse_status,
 )
 from rtj_operator.config import OperatorSettings
+from rtj_operator.intents import (
+    Action,
+    CreateObject,
+    DeleteJob,
+    DeletePod,
+    Manifest,
+    PostEvent,
+    SetClaimOwner,
+)
 from rtj_operator.views import NodeLiveness, Observed, PodView, RankLiveness
-
-Manifest = dict[str, Any]
 
 NO_RESTART_EXIT_CODE = 93
 """ft_launcher's `--ft-no-restart-exit-code`: NVRx decided the job must not be restarted."""
@@ -101,57 +108,6 @@ REASON_PARTIAL = "PartialCompletion"
 REASON_INVALID = "InvalidSpec"
 
 
-# --- actions ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CreateObject:
-    """Create a child object (Pod, Service, PersistentVolumeClaim); an existing one is kept."""
-
-    manifest: Manifest
-
-    @property
-    def kind(self) -> str:
-        return str(self.manifest["kind"])
-
-    @property
-    def name(self) -> str:
-        return str(self.manifest["metadata"]["name"])
-
-
-@dataclass(frozen=True)
-class DeletePod:
-    """Delete a pod, but only the incarnation with this UID (never its replacement)."""
-
-    name: str
-    uid: str
-
-
-@dataclass(frozen=True)
-class SetClaimOwner:
-    """Make the job own the claim (`owner` set) or release it (`owner` None, Retain)."""
-
-    name: str
-    owner: Manifest | None
-
-
-@dataclass(frozen=True)
-class DeleteJob:
-    """Delete the job itself (ttlSecondsAfterFinished)."""
-
-
-@dataclass(frozen=True)
-class PostEvent:
-    """A Kubernetes Event on the job: one for every decision."""
-
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-Action = CreateObject | DeletePod | SetClaimOwner | DeleteJob | PostEvent
-
-
 @dataclass(frozen=True)
 class Memory:
     """What a pass hands to the next one besides the status on the object."""
@@ -166,19 +122,24 @@ class Memory:
 
 @dataclass(frozen=True)
 class Decision:
-    """What one pass does and the status it writes."""
+    """What one pass does, the Events that explain it and the status it writes."""
 
     actions: list[Action]
+    """Changes to the cluster, in the order they are applied."""
+    events: list[PostEvent]
+    """One Event per decision, posted after the status is written."""
     status: dict[str, Any]
+    incidents: list[Incident]
+    """The incidents this pass opened (also in `status`): what the restart metric counts."""
     memory: Memory
 
     def of_type(self, kind: type) -> list[Any]:
-        """The actions of one type, in order (handy for tests and metrics)."""
+        """The actions of one type, in order (handy for tests)."""
         return [a for a in self.actions if isinstance(a, kind)]
 
 
 @dataclass(frozen=True)
-class Fault:
+class DetectedFault:
     """One fault found in this pass."""
 
     cause: str
@@ -240,6 +201,7 @@ class _Pass:
         self.actions: list[Action] = []
         self.events: list[PostEvent] = []
         self.incidents: list[Incident] = list(self.prev.incidents)
+        self.opened: list[Incident] = []
         self.prev_ranks = {r.node_index: r for r in self.prev.ranks}
         self.ranks: dict[int, RankStatus] = {}
         prev_restarts = self.prev.restarts or RestartCounts()
@@ -267,17 +229,17 @@ class _Pass:
         self.actions.append(DeletePod(pod.name, pod.uid))
         self.event("Normal", "DeletedPod", f"Deleted pod {pod.name}: {why}")
 
-    def add_incident(self, fault: Fault, action: str, message: str | None = None) -> None:
-        self.incidents.append(
-            Incident(
-                cause=fault.cause,
-                node_index=fault.node_index,
-                detected_time=fault.detected,
-                acted_time=self.now,
-                action=action,
-                message=(message or fault.message)[:1024],
-            )
+    def add_incident(self, fault: DetectedFault, action: str, message: str | None = None) -> None:
+        incident = Incident(
+            cause=fault.cause,
+            node_index=fault.node_index,
+            detected_time=fault.detected,
+            acted_time=self.now,
+            action=action,
+            message=(message or fault.message)[:1024],
         )
+        self.incidents.append(incident)
+        self.opened.append(incident)
 
     # -- ranks -------------------------------------------------------------------------------
 
@@ -565,8 +527,8 @@ def _fresh(p: _Pass, beat: datetime) -> bool:
     return p.now - beat <= timedelta(seconds=p.spec.fault_tolerance.heartbeat_timeout_seconds)
 
 
-def _find_faults(p: _Pass) -> list[Fault]:
-    faults: list[Fault] = []
+def _find_faults(p: _Pass) -> list[DetectedFault]:
+    faults: list[DetectedFault] = []
     pods = p.observed.trainer_pods
     for index in range(p.spec.nodes):
         pod = pods.get(index)
@@ -574,18 +536,18 @@ def _find_faults(p: _Pass) -> list[Fault]:
                  if index in p.prev_ranks else None)
         if pod is None:
             if state in (RANK_STARTING, RANK_RUNNING, RANK_PENDING):
-                faults.append(Fault(CAUSE_POD_VANISHED, index, p.now,
+                faults.append(DetectedFault(CAUSE_POD_VANISHED, index, p.now,
                                     f"pod {naming.trainer_pod_name(p.job.name, index)} is gone"))
             continue
         if pod.deleting:
             if state not in (RANK_RESTARTING, RANK_SUSPENDED, None):
-                faults.append(Fault(CAUSE_POD_DELETED, index, p.now,
+                faults.append(DetectedFault(CAUSE_POD_DELETED, index, p.now,
                                     f"pod {pod.name} was deleted by someone else"))
             continue
         if pod.phase == "Failed":
             why = f"exit code {pod.exit_code}" if pod.exit_code is not None else (
                 pod.reason or "unknown reason")
-            faults.append(Fault(CAUSE_POD_FAILED, index, pod.finished_at or p.now,
+            faults.append(DetectedFault(CAUSE_POD_FAILED, index, pod.finished_at or p.now,
                                 f"pod {pod.name} failed ({why})"))
     rendezvous = p.observed.rendezvous_pod
     live_trainers = [pod for pod in pods.values() if not pod.deleting]
@@ -595,7 +557,7 @@ def _find_faults(p: _Pass) -> list[Fault]:
         # The store and the rounds are gone: every launcher fails; restart everything.
         detail = "is gone" if rendezvous is None else (
             "is being deleted" if rendezvous.deleting else f"ended ({rendezvous.phase})")
-        faults.append(Fault(CAUSE_RENDEZVOUS_LOST, None, p.now,
+        faults.append(DetectedFault(CAUSE_RENDEZVOUS_LOST, None, p.now,
                             f"rendezvous pod {naming.rendezvous_name(p.job.name)} {detail}",
                             whole_job=True))
     if not faults:
@@ -603,7 +565,7 @@ def _find_faults(p: _Pass) -> list[Fault]:
     return faults
 
 
-def _liveness_faults(p: _Pass) -> list[Fault]:
+def _liveness_faults(p: _Pass) -> list[DetectedFault]:
     """Hangs: no heartbeat, or no progress although every rank sends heartbeats."""
     clock = _clock_start(p)
     if clock is None:
@@ -613,14 +575,14 @@ def _liveness_faults(p: _Pass) -> list[Fault]:
     hang_after = timedelta(
         seconds=ft.heartbeat_timeout_seconds + ft.initial_heartbeat_timeout_seconds
     )
-    faults: list[Fault] = []
+    faults: list[DetectedFault] = []
     for index in range(p.spec.nodes):
         beat = p.ranks[index].last_heartbeat_time
         evidence = beat if beat is not None and beat >= clock else clock
         if p.now - evidence > hang_after:
             seen = f"since {_iso(beat)}" if beat is not None and beat >= clock else (
                 f"since the pods started at {_iso(clock)}")
-            faults.append(Fault(
+            faults.append(DetectedFault(
                 CAUSE_HEARTBEAT_TIMEOUT, index, p.now,
                 f"no heartbeat from pod {naming.trainer_pod_name(p.job.name, index)} {seen} "
                 f"(heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds = "
@@ -650,11 +612,11 @@ def _liveness_faults(p: _Pass) -> list[Fault]:
                f"(progressTimeoutSeconds={ft.progress_timeout_seconds})")
     p.progress_step, p.progress_since = None, None
     if laggard:
-        return [Fault(CAUSE_PROGRESS_TIMEOUT, slowest, p.now, message)]
-    return [Fault(CAUSE_PROGRESS_TIMEOUT, None, p.now, message, whole_job=True)]
+        return [DetectedFault(CAUSE_PROGRESS_TIMEOUT, slowest, p.now, message)]
+    return [DetectedFault(CAUSE_PROGRESS_TIMEOUT, None, p.now, message, whole_job=True)]
 
 
-def _recover(p: _Pass, faults: list[Fault], start_time: datetime) -> Decision | None:
+def _recover(p: _Pass, faults: list[DetectedFault], start_time: datetime) -> Decision | None:
     """Spend the cheapest budget that can fix the faults, or fail the job."""
     ft = p.spec.fault_tolerance
     nodes_at_fault = {f.node_index for f in faults if f.node_index is not None}
@@ -691,7 +653,7 @@ def _recover(p: _Pass, faults: list[Fault], start_time: datetime) -> Decision | 
     return None
 
 
-def _restart_rank(p: _Pass, fault: Fault) -> None:
+def _restart_rank(p: _Pass, fault: DetectedFault) -> None:
     assert fault.node_index is not None
     index = fault.node_index
     pod = p.observed.trainer_pods.get(index)
@@ -705,7 +667,7 @@ def _restart_rank(p: _Pass, fault: Fault) -> None:
         p.delete_pod(pod, f"{fault.cause}: replacing it")
 
 
-def _restart_everything(p: _Pass, fault: Fault, summary: str) -> None:
+def _restart_everything(p: _Pass, fault: DetectedFault, summary: str) -> None:
     p.add_incident(fault, ACTION_FULL_RESTART, summary)
     p.restarts.full += 1
     p.event("Warning", ACTION_FULL_RESTART, f"Restarting every pod ({fault.cause}): {summary}")
@@ -792,7 +754,7 @@ def _worker_restart_incidents(p: _Pass) -> None:
         after = seen.get(kind, before)
         if after > before:
             setattr(p.restarts, attribute, after)
-            fault = Fault(CAUSE_WORKER_RESTART, None, p.now,
+            fault = DetectedFault(CAUSE_WORKER_RESTART, None, p.now,
                           f"{after - before} {kind} restart(s) of the workers inside the pods")
             p.add_incident(fault, action)
             p.event("Normal", action, f"The trainers report {fault.message}")
@@ -938,7 +900,8 @@ def _decision(p: _Pass, status: dict[str, Any]) -> Decision:
         progress_step=p.progress_step,
         progress_since=p.progress_since,
     )
-    return Decision(actions=[*p.actions, *p.events], status=status, memory=memory)
+    return Decision(actions=p.actions, events=p.events, status=status, incidents=p.opened,
+                    memory=memory)
 
 
 def invalid_spec_status(generation: int | None, message: str, now: datetime) -> dict[str, Any]:

@@ -21,7 +21,7 @@ RECONCILE_SECONDS = Histogram(
 ACTIONS = Counter(
     "rtj_operator_actions", "Actions applied, by kind.", ["action"], registry=REGISTRY,
 )
-INCIDENTS = Counter(
+RESTARTS = Counter(
     "rtj_operator_restarts", "Recoveries the operator started, by action.", ["action"],
     registry=REGISTRY,
 )

@@ -21,6 +21,7 @@ import pydantic
 from rtj_operator import actions, decisions, metrics, observe, profiles, scraping
 from rtj_operator.api.models import parse_job, parse_status
 from rtj_operator.config import OperatorSettings
+from rtj_operator.intents import PostEvent
 
 
 @dataclass
@@ -37,7 +38,7 @@ class PassResult:
     """The status fields to patch and the Events to post."""
 
     status_patch: dict[str, Any]
-    events: list[decisions.PostEvent]
+    events: list[PostEvent]
     state: str | None
 
 
@@ -110,16 +111,16 @@ async def run_pass(
     await actions.apply(api, namespace=namespace, job_name=job.name, actions=decision.actions)
     memo.memory = decision.memory
     memo.last_pass_monotonic = time.monotonic()
-    for action in decision.actions:
-        metrics.ACTIONS.labels(action=type(action).__name__).inc()
-    for event in decision.of_type(decisions.PostEvent):
-        if event.reason in (decisions.ACTION_RANK_RESTART, decisions.ACTION_FULL_RESTART):
-            metrics.INCIDENTS.labels(action=event.reason).inc()
+    for applied in [*decision.actions, *decision.events]:
+        metrics.ACTIONS.labels(action=type(applied).__name__).inc()  # PostEvent counted too
+    for incident in decision.incidents:
+        if incident.action in decisions.OPERATOR_ACTIONS:
+            metrics.RESTARTS.labels(action=incident.action).inc()
     metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
     state = decision.status.get("state")
     metrics.record_job_state(f"{namespace}/{job.name}", state)
     return PassResult(
         status_patch=status_patch(current_status, decision.status),
-        events=decision.of_type(decisions.PostEvent),
+        events=decision.events,
         state=state,
     )

@@ -15,6 +15,7 @@ import pytest
 from rtj_operator import decisions as d
 from rtj_operator.api.models import parse_job
 from rtj_operator.config import OperatorSettings
+from rtj_operator.intents import CreateObject, DeleteJob, DeletePod, PostEvent, SetClaimOwner
 from rtj_operator.views import ClaimView, NodeLiveness, Observed, PodView, RankSample
 
 pytestmark = pytest.mark.unit
@@ -99,15 +100,15 @@ def decide(j: Any, observed: Observed, *, now: datetime = T0, liveness: Any = No
 
 
 def created(decision: d.Decision) -> list[str]:
-    return [f"{a.kind}/{a.name}" for a in decision.of_type(d.CreateObject)]
+    return [f"{a.kind}/{a.name}" for a in decision.of_type(CreateObject)]
 
 
 def deleted(decision: d.Decision) -> list[str]:
-    return [a.name for a in decision.of_type(d.DeletePod)]
+    return [a.name for a in decision.of_type(DeletePod)]
 
 
 def events(decision: d.Decision) -> list[str]:
-    return [e.reason for e in decision.of_type(d.PostEvent)]
+    return [e.reason for e in decision.events]
 
 
 def condition(decision: d.Decision, kind: str) -> dict[str, Any]:
@@ -134,7 +135,7 @@ def test_a_new_job_gets_services_a_rendezvous_pod_and_every_trainer_pod() -> Non
     assert created(decision) == [
         "Service/tiny", "Service/tiny-rdzv", "Pod/tiny-rdzv", "Pod/tiny-0", "Pod/tiny-1",
     ]
-    pod = decision.of_type(d.CreateObject)[3].manifest
+    pod = decision.of_type(CreateObject)[3].manifest
     assert pod["metadata"]["labels"]["training.resilient.dev/attempt"] == "0"
     assert decision.status["state"] == "Pending"
     assert decision.status["nodes"] == "0/2"
@@ -146,7 +147,7 @@ def test_a_new_job_gets_services_a_rendezvous_pod_and_every_trainer_pod() -> Non
 def test_a_dynamic_checkpoint_volume_becomes_a_claim_owned_by_the_job() -> None:
     j = job(checkpoint={"storageClassName": "fsx", "size": "100Gi"})
     decision = decide(j, world())
-    claim = next(a for a in decision.of_type(d.CreateObject) if a.kind == "PersistentVolumeClaim")
+    claim = next(a for a in decision.of_type(CreateObject) if a.kind == "PersistentVolumeClaim")
     assert claim.name == "tiny-checkpoints"
     assert claim.manifest["spec"]["accessModes"] == ["ReadWriteMany"]
     assert claim.manifest["spec"]["storageClassName"] == "fsx"
@@ -157,13 +158,13 @@ def test_a_claim_with_retain_policy_is_released_from_the_job() -> None:
     j = job(checkpoint={"storageClassName": "fsx", "size": "100Gi",
                         "claimDeletePolicy": "Retain"})
     decision = decide(j, world(claim=ClaimView(name="tiny-checkpoints", owned_by_job=True)))
-    assert decision.of_type(d.SetClaimOwner) == [d.SetClaimOwner("tiny-checkpoints", None)]
+    assert decision.of_type(SetClaimOwner) == [SetClaimOwner("tiny-checkpoints", None)]
     assert "ClaimDeletePolicy" in events(decision)
 
 
 def test_an_existing_claim_is_never_created() -> None:
     decision = decide(job(), world())
-    assert not [a for a in decision.of_type(d.CreateObject) if a.kind != "Pod"]
+    assert not [a for a in decision.of_type(CreateObject) if a.kind != "Pod"]
 
 
 def test_pods_that_exist_are_not_created_again() -> None:
@@ -172,6 +173,7 @@ def test_pods_that_exist_are_not_created_again() -> None:
     second = then(first, j, world(trainer(0, "Pending"), trainer(1, "Pending"),
                                   rdzv=rendezvous("Pending")))
     assert second.actions == []
+    assert second.events == []  # events were part of actions
     assert second.status["state"] == "Pending"
     assert second.status["reason"] == d.REASON_CREATING
 
@@ -233,7 +235,7 @@ def test_a_failed_pod_is_replaced_alone() -> None:
     now = T0 + timedelta(seconds=60)
     failed = world(trainer(0), trainer(1, "Failed", exit_code=1), rdzv=rendezvous())
     two = then(one, j, failed, now=now, liveness=beats(now, pods=failed))
-    assert two.of_type(d.DeletePod) == [d.DeletePod("tiny-1", "uid-1-0")]
+    assert two.of_type(DeletePod) == [DeletePod("tiny-1", "uid-1-0")]
     assert created(two) == []
     incident = two.status["incidents"][-1]
     assert incident["cause"] == d.CAUSE_POD_FAILED and incident["action"] == "RankRestart"
@@ -249,7 +251,7 @@ def test_a_failed_pod_is_replaced_alone() -> None:
     gone = world(trainer(0), rdzv=rendezvous())
     three = then(two, j, gone, now=now + timedelta(seconds=3))
     assert created(three) == ["Pod/tiny-1"]
-    pod = three.of_type(d.CreateObject)[0].manifest
+    pod = three.of_type(CreateObject)[0].manifest
     assert pod["metadata"]["labels"]["training.resilient.dev/attempt"] == "1"
     assert len(three.status["incidents"]) == 1
     assert three.status["restarts"]["rank"] == 1
@@ -276,6 +278,7 @@ def test_a_pod_that_is_still_terminating_is_not_recreated_yet() -> None:
                         rdzv=rendezvous())
     three = then(two, j, terminating, now=T0 + timedelta(seconds=62))
     assert three.actions == []
+    assert three.events == []  # events were part of actions
     assert three.status["ranks"][1]["state"] == "Restarting"
 
 
@@ -293,7 +296,7 @@ def test_a_pod_deleted_by_someone_else_counts_as_a_fault() -> None:
     one = running(j)
     observed = world(trainer(0), trainer(1, deleting=True), rdzv=rendezvous())
     two = then(one, j, observed, now=T0 + timedelta(seconds=60))
-    assert two.of_type(d.DeletePod) == []
+    assert two.of_type(DeletePod) == []
     assert two.status["incidents"][-1]["cause"] == d.CAUSE_POD_DELETED
     assert two.status["ranks"][1]["state"] == "Restarting"
 
@@ -359,10 +362,11 @@ def test_a_full_restart_tears_everything_down_before_starting_again() -> None:
     half = world(trainer(0, deleting=True))
     three = then(two, j, half, now=T0 + timedelta(seconds=63))
     assert three.actions == []
+    assert three.events == []  # events were part of actions
     four = then(three, j, world(), now=T0 + timedelta(seconds=66))
     assert created(four) == ["Pod/tiny-rdzv", "Pod/tiny-0", "Pod/tiny-1"]
     attempts = [a.manifest["metadata"]["labels"]["training.resilient.dev/attempt"]
-                for a in four.of_type(d.CreateObject)[1:]]
+                for a in four.of_type(CreateObject)[1:]]
     assert attempts == ["1", "1"]
 
 
@@ -414,7 +418,7 @@ def test_a_stale_heartbeat_within_the_launcher_grace_is_left_to_ft_launcher() ->
     live = beats(now)
     live[1] = beats(T0 + timedelta(seconds=30))[1]
     two = then(one, j, running_world(), now=now, liveness=live)
-    assert two.of_type(d.DeletePod) == []
+    assert two.of_type(DeletePod) == []
     assert two.status["nodes"] == "1/2"
 
 
@@ -432,7 +436,7 @@ def test_a_pod_that_never_heartbeats_times_out_after_start() -> None:
     j = job()
     first = decide(j, world())
     two = then(first, j, running_world(), now=T0 + timedelta(seconds=79))
-    assert two.of_type(d.DeletePod) == []
+    assert two.of_type(DeletePod) == []
     three = then(two, j, running_world(), now=T0 + timedelta(seconds=81))
     assert sorted(deleted(three)) == ["tiny-0", "tiny-1", "tiny-rdzv"]  # both: a full restart
 
@@ -442,7 +446,7 @@ def test_no_hang_is_declared_while_a_pod_is_still_pending() -> None:
     first = decide(j, world())
     pending = world(trainer(0), trainer(1, "Pending"), rdzv=rendezvous())
     two = then(first, j, pending, now=T0 + timedelta(seconds=3000))
-    assert two.of_type(d.DeletePod) == []
+    assert two.of_type(DeletePod) == []
 
 
 def test_a_stalled_step_restarts_the_job() -> None:
@@ -450,7 +454,7 @@ def test_a_stalled_step_restarts_the_job() -> None:
     one = running(j)  # step 10 at T0+30
     mid = T0 + timedelta(seconds=100)
     two = then(one, j, running_world(), now=mid, liveness=beats(mid, step=10))
-    assert two.of_type(d.DeletePod) == []
+    assert two.of_type(DeletePod) == []
     now = T0 + timedelta(seconds=30 + 121)
     three = then(two, j, running_world(), now=now, liveness=beats(now, step=10))
     assert sorted(deleted(three)) == ["tiny-0", "tiny-1", "tiny-rdzv"]
@@ -462,7 +466,7 @@ def test_an_advancing_step_is_not_a_stall() -> None:
     one = running(j)
     now = T0 + timedelta(seconds=30 + 121)
     two = then(one, j, running_world(), now=now, liveness=beats(now, step=11))
-    assert two.of_type(d.DeletePod) == []
+    assert two.of_type(DeletePod) == []
 
 
 def test_a_single_lagging_node_is_replaced_alone_on_a_stall() -> None:
@@ -530,7 +534,7 @@ def test_no_restart_once_a_pod_has_succeeded() -> None:
     one = running(j)
     half = world(trainer(0, "Succeeded", exit_code=0), trainer(1), rdzv=rendezvous())
     two = then(one, j, half, now=T0 + timedelta(seconds=90))
-    assert two.actions == [] or not two.of_type(d.DeletePod)
+    assert two.actions == [] or not two.of_type(DeletePod)
     assert two.status["state"] != "Succeeded"
 
 
@@ -563,13 +567,15 @@ def _finished(j: Any, state: str, completion: datetime) -> d.Decision:
 
 def test_a_finished_job_is_deleted_after_its_ttl() -> None:
     assert _finished({"ttlSecondsAfterFinished": 60}, "Succeeded", T0).actions == []
+    assert _finished({"ttlSecondsAfterFinished": 60}, "Succeeded", T0).events == []
     late = _finished({"ttlSecondsAfterFinished": 30}, "Succeeded", T0)
-    assert late.of_type(d.DeleteJob) == [d.DeleteJob()]
+    assert late.of_type(DeleteJob) == [DeleteJob()]
     assert "Deleted" in events(late)
 
 
 def test_a_finished_job_without_ttl_is_kept() -> None:
     assert _finished({}, "Failed", T0 - timedelta(days=3)).actions == []
+    assert _finished({}, "Failed", T0 - timedelta(days=3)).events == []
 
 
 def test_a_failed_job_stops_pods_that_still_run() -> None:
@@ -596,6 +602,7 @@ def test_suspend_deletes_the_pods_and_keeps_services_and_claim() -> None:
     assert [r["state"] for r in two.status["ranks"]] == ["Suspended", "Suspended"]
     three = then(two, suspended, world(), now=T0 + timedelta(seconds=70))
     assert three.actions == []
+    assert three.events == []  # events were part of actions
 
 
 def test_resume_recreates_every_pod_with_the_next_attempt() -> None:
@@ -617,7 +624,7 @@ def test_resume_waits_for_suspended_pods_to_finish_terminating() -> None:
     two = then(one, job(suspend=True), running_world(), now=T0 + timedelta(seconds=60))
     resumed = then(two, j, world(trainer(0, deleting=True), rdzv=rendezvous(deleting=True)),
                    now=T0 + timedelta(seconds=62))
-    assert not resumed.of_type(d.CreateObject) and not resumed.of_type(d.DeletePod)
+    assert not resumed.of_type(CreateObject) and not resumed.of_type(DeletePod)
 
 
 # --- restarts inside the pods -------------------------------------------------------------------
@@ -663,5 +670,5 @@ def test_every_decision_that_changes_something_posts_an_event() -> None:
         then(one, j, world(trainer(0), trainer(1)), now=T0 + timedelta(seconds=60)),
     ]
     for decision in cases:
-        changes = [a for a in decision.actions if not isinstance(a, d.PostEvent)]
-        assert changes and len(decision.of_type(d.PostEvent)) >= len(changes)
+        changes = [a for a in decision.actions if not isinstance(a, PostEvent)]
+        assert changes and len(decision.events) >= len(changes)
