@@ -3,7 +3,8 @@
 Every action is idempotent, because a pass can be repeated at any time: creating an object that
 already exists (409) and deleting one that is already gone (404) or was replaced (409 on the UID
 precondition) are no-ops. Other API errors surface as `kopf.TemporaryError`, so kopf retries the
-pass a moment later. Events are not posted here but by the handler, through kopf.
+pass a moment later. Events are not posted here but by the handler, through kopf (they are a
+separate field of the decision, `intents.PostEvent`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import kopf
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 
-from rtj_operator import decisions
+from rtj_operator import intents
 from rtj_operator.api import GROUP, PLURAL, VERSION
 
 RETRY_DELAY_SECONDS = 2.0
@@ -36,25 +37,25 @@ def _create(core: kubernetes.client.CoreV1Api, namespace: str, manifest: dict[st
 
 
 def _apply_one(
-    api: kubernetes.client.ApiClient, namespace: str, job_name: str, action: decisions.Action
+    api: kubernetes.client.ApiClient, namespace: str, job_name: str, action: intents.Action
 ) -> None:
     core = kubernetes.client.CoreV1Api(api)
     try:
-        if isinstance(action, decisions.CreateObject):
+        if isinstance(action, intents.CreateObject):
             _create(core, namespace, action.manifest)
-        elif isinstance(action, decisions.DeletePod):
+        elif isinstance(action, intents.DeletePod):
             core.delete_namespaced_pod(
                 action.name, namespace,
                 body=kubernetes.client.V1DeleteOptions(
                     preconditions=kubernetes.client.V1Preconditions(uid=action.uid)
                 ),
             )
-        elif isinstance(action, decisions.SetClaimOwner):
+        elif isinstance(action, intents.SetClaimOwner):
             owners = [action.owner] if action.owner is not None else None
             core.patch_namespaced_persistent_volume_claim(
                 action.name, namespace, {"metadata": {"ownerReferences": owners}}
             )
-        elif isinstance(action, decisions.DeleteJob):
+        elif isinstance(action, intents.DeleteJob):
             kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, job_name,
                 body=kubernetes.client.V1DeleteOptions(propagation_policy="Background"),
@@ -72,11 +73,10 @@ def _apply_all(
     api: kubernetes.client.ApiClient,
     namespace: str,
     job_name: str,
-    actions: Sequence[decisions.Action],
+    actions: Sequence[intents.Action],
 ) -> None:
     for action in actions:
-        if not isinstance(action, decisions.PostEvent):
-            _apply_one(api, namespace, job_name, action)
+        _apply_one(api, namespace, job_name, action)
 
 
 async def apply(
@@ -84,7 +84,7 @@ async def apply(
     *,
     namespace: str,
     job_name: str,
-    actions: Sequence[decisions.Action],
+    actions: Sequence[intents.Action],
 ) -> None:
     """Apply the actions in order, in a worker thread (the client is synchronous)."""
     await asyncio.to_thread(_apply_all, api, namespace, job_name, actions)

@@ -9,14 +9,11 @@ pin the p5.48xlarge trainer pod (tests/unit/golden/).
 
 from __future__ import annotations
 
-from typing import Any
-
 from rtj_operator import launcher, naming, profiles
 from rtj_operator.api import API_VERSION, KIND
 from rtj_operator.api.models import ResilientTrainingJob
 from rtj_operator.config import OperatorSettings
-
-Manifest = dict[str, Any]
+from rtj_operator.intents import Manifest
 
 # EFA and NCCL environment of trainer pods that get EFA devices / GPUs. Sources:
 # [aws-sample] awslabs/awsome-distributed-training, 3.test_cases/pytorch/nvrx manifests (summarised

@@ -19,6 +19,7 @@ import kubernetes.config
 from rtj_operator import actions, metrics, naming, reconcile
 from rtj_operator.api import GROUP, PLURAL, VERSION
 from rtj_operator.config import OperatorSettings, settings_from_environment
+from rtj_operator.errors import InvalidJobError
 
 SETTINGS: OperatorSettings = settings_from_environment()
 RESOURCE = (GROUP, VERSION, PLURAL)
@@ -41,7 +42,7 @@ async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> Non
             result = await reconcile.run_pass(
                 body=body, memo=job_memo, api=memo["api"], settings=SETTINGS
             )
-        except reconcile.InvalidJobError as error:
+        except InvalidJobError as error:  # permanent: write why, never retry
             metrics.RECONCILE_PASSES.labels(outcome="invalid").inc()
             if error.status:
                 patch.status.update(error.status)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from rtj_operator.api.status import JobState
+
 REGISTRY = CollectorRegistry()
 
 RECONCILE_PASSES = Counter(
@@ -21,7 +23,7 @@ RECONCILE_SECONDS = Histogram(
 ACTIONS = Counter(
     "rtj_operator_actions", "Actions applied, by kind.", ["action"], registry=REGISTRY,
 )
-INCIDENTS = Counter(
+RESTARTS = Counter(
     "rtj_operator_restarts", "Recoveries the operator started, by action.", ["action"],
     registry=REGISTRY,
 )
@@ -37,12 +39,12 @@ def record_job_state(job_key: str, state: str | None) -> None:
     if state is None:
         _job_states.pop(job_key, None)
     else:
-        _job_states[job_key] = state
+        _job_states[job_key] = str(state)
     counts: dict[str, int] = {}
     for value in _job_states.values():
         counts[value] = counts.get(value, 0) + 1
-    for known in ("Pending", "Running", "Recovering", "Suspended", "Succeeded", "Failed"):
-        JOBS.labels(state=known).set(counts.get(known, 0))
+    for known in JobState:
+        JOBS.labels(state=known.value).set(counts.get(known.value, 0))
 
 
 def serve(host: str, port: int) -> None:

@@ -17,10 +17,14 @@ from typing import Any
 
 import kubernetes.client
 import pydantic
+from pydantic.alias_generators import to_camel
 
 from rtj_operator import actions, decisions, metrics, observe, profiles, scraping
-from rtj_operator.api.models import parse_job, parse_status
+from rtj_operator.api.models import parse_job, parse_status, plain
+from rtj_operator.api.status import ResilientTrainingJobStatus
 from rtj_operator.config import OperatorSettings
+from rtj_operator.errors import InvalidJobError
+from rtj_operator.intents import PostEvent
 
 
 @dataclass
@@ -29,7 +33,6 @@ class JobMemo:
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     memory: decisions.Memory = field(default_factory=decisions.Memory)
-    last_pass_monotonic: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -37,25 +40,18 @@ class PassResult:
     """The status fields to patch and the Events to post."""
 
     status_patch: dict[str, Any]
-    events: list[decisions.PostEvent]
-    state: str | None
+    events: list[PostEvent]
 
 
-class InvalidJobError(Exception):
-    """The job's spec cannot be parsed (the CRD's validation normally prevents this)."""
-
-    def __init__(self, message: str, status: dict[str, Any]) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def plain(value: Any) -> Any:
-    """A deep copy of kopf's body views as plain dicts and lists."""
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(v) for v in value]
-    return value
+def api_status(status: ResilientTrainingJobStatus) -> dict[str, Any]:
+    """The status as the API stores it (camelCase, JSON types), plus null for each top-level
+    field the decision set to None on purpose: the merge patch then removes it from the object
+    (startTime while suspended). A field the decision left unset keeps its value."""
+    data = status.to_api()
+    for name in status.model_fields_set:
+        if getattr(status, name) is None:
+            data[to_camel(name)] = None
+    return data
 
 
 def status_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
@@ -83,10 +79,11 @@ async def run_pass(
         job = parse_job({k: v for k, v in raw.items() if k != "status"})
     except pydantic.ValidationError as error:
         message = f"the spec cannot be used: {error}"
-        status = decisions.invalid_spec_status(
+        status = decisions.invalid_spec(
             raw.get("metadata", {}).get("generation"), message, now_utc()
         )
-        raise InvalidJobError(message, status_patch(current_status, status)) from error
+        raise InvalidJobError(message, status_patch(current_status, api_status(status))) \
+            from error
     try:
         job = job.model_copy(update={"status": parse_status(current_status)})
     except pydantic.ValidationError:
@@ -109,17 +106,14 @@ async def run_pass(
     )
     await actions.apply(api, namespace=namespace, job_name=job.name, actions=decision.actions)
     memo.memory = decision.memory
-    memo.last_pass_monotonic = time.monotonic()
-    for action in decision.actions:
-        metrics.ACTIONS.labels(action=type(action).__name__).inc()
-    for event in decision.of_type(decisions.PostEvent):
-        if event.reason in (decisions.ACTION_RANK_RESTART, decisions.ACTION_FULL_RESTART):
-            metrics.INCIDENTS.labels(action=event.reason).inc()
+    for applied in [*decision.actions, *decision.events]:
+        metrics.ACTIONS.labels(action=type(applied).__name__).inc()  # PostEvent counted too
+    for incident in decision.incidents:
+        if incident.action in decisions.OPERATOR_ACTIONS:
+            metrics.RESTARTS.labels(action=incident.action).inc()
     metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
-    state = decision.status.get("state")
-    metrics.record_job_state(f"{namespace}/{job.name}", state)
+    metrics.record_job_state(f"{namespace}/{job.name}", decision.status.state)
     return PassResult(
-        status_patch=status_patch(current_status, decision.status),
-        events=decision.of_type(decisions.PostEvent),
-        state=state,
+        status_patch=status_patch(current_status, api_status(decision.status)),
+        events=decision.events,
     )

@@ -3,7 +3,8 @@
 `observe` builds `Observed` from the job's children in the API server, `scraping` builds
 `RankLiveness` from the trainers' metrics endpoints, and `decisions.decide` reads only these
 records, never the Kubernetes client: that is what lets the decision table be unit-tested without
-a cluster.
+a cluster. They hold observations only; what they mean (the oldest heartbeat of a pod, the step
+all its ranks completed) is decided in `decisions/liveness.py`.
 """
 
 from __future__ import annotations
@@ -91,22 +92,6 @@ class NodeLiveness:
     def complete(self) -> bool:
         """Whether every local rank answered."""
         return self.expected_ranks > 0 and len(self.samples) == self.expected_ranks
-
-    @property
-    def heartbeat(self) -> float | None:
-        """The oldest heartbeat of the pod's ranks, when every rank answered with one."""
-        beats = [s.heartbeat for s in self.samples if s.heartbeat is not None]
-        if not self.complete or len(beats) != self.expected_ranks:
-            return None
-        return min(beats)
-
-    @property
-    def step(self) -> int | None:
-        """The step every rank of the pod has completed, when every rank answered."""
-        steps = [s.step for s in self.samples if s.step is not None]
-        if not self.complete or len(steps) != self.expected_ranks:
-            return None
-        return min(steps)
 
 
 RankLiveness = Mapping[int, NodeLiveness]

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 from rtj_operator.observe import observed_from, pod_view
 from rtj_operator.scraping import rank_sample_from_text
-from rtj_operator.views import NodeLiveness, RankSample
+from rtj_operator.views import RankSample
 
 pytestmark = pytest.mark.unit
 
@@ -47,15 +47,6 @@ def test_no_checkpoint_and_no_heartbeat_yet_read_as_unknown() -> None:
     sample = rank_sample_from_text(text, local_rank=0)
     assert sample.committed_step is None and sample.heartbeat is None and sample.step is None
 
-
-def test_a_node_is_known_only_when_every_rank_answered() -> None:
-    one = RankSample(local_rank=0, heartbeat=10.0, step=5)
-    two = RankSample(local_rank=1, heartbeat=12.0, step=4)
-    assert NodeLiveness(node_index=0, pod_uid="u", samples=(one, two), expected_ranks=2).step == 4
-    full = NodeLiveness(node_index=0, pod_uid="u", samples=(one, two), expected_ranks=2)
-    assert full.heartbeat == 10.0
-    half = NodeLiveness(node_index=0, pod_uid="u", samples=(one,), expected_ranks=2)
-    assert half.heartbeat is None and half.step is None
 
 
 def pod(name: str, role: str, index: int | None = None, **status: object) -> dict[str, object]:

@@ -22,7 +22,6 @@ from datetime import datetime
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
-    AwareDatetime,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -34,10 +33,18 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from rtj_operator import profiles
+from rtj_operator.api.schema import MAX_NODES as MAX_NODES
+from rtj_operator.api.schema import ApiModel as ApiModel
+from rtj_operator.api.status import MAX_INCIDENTS as MAX_INCIDENTS
+from rtj_operator.api.status import Condition as Condition
+from rtj_operator.api.status import Incident as Incident
+from rtj_operator.api.status import LastCheckpoint as LastCheckpoint
+from rtj_operator.api.status import RankStatus as RankStatus
+from rtj_operator.api.status import ResilientTrainingJobStatus as ResilientTrainingJobStatus
+from rtj_operator.api.status import RestartCounts as RestartCounts
 
 # --- limits -----------------------------------------------------------------------------------
 
-MAX_NODES = 1024
 MAX_PROCS_PER_NODE = 64
 MAX_JOB_NAME_LENGTH = 50
 """Longest job name. Children are named `<name>-<index>` (pod hostnames, index < MAX_NODES, so
@@ -45,9 +52,6 @@ at most 5 more characters) and `<name>-rdzv`, and hostnames must be DNS labels o
 characters: that allows 58. We keep 8 characters in reserve for children we may add later (a
 per-attempt suffix, for example) because a limit can be raised later but never lowered without
 breaking existing objects."""
-MAX_INCIDENTS = 20
-"""status.incidents keeps the last MAX_INCIDENTS incidents."""
-MAX_CONDITIONS = 16
 INT32_MAX = 2**31 - 1
 DNS_LABEL_1035 = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -88,22 +92,6 @@ LabelValue = Annotated[str, Field(max_length=63)]
 LabelKey = Annotated[str, Field(max_length=317)]  # prefix (253) + "/" + name (63)
 AnnotationValue = Annotated[str, Field(max_length=4096)]
 Argument = Annotated[str, Field(max_length=4096)]
-
-
-class ApiModel(BaseModel):
-    """Base of every API model: camelCase aliases, snake_case attributes, unknown fields rejected.
-
-    Strict like the API server: `"2"` is not an integer and `"yes"` is not a boolean. Timestamps
-    are the exception (they arrive as RFC 3339 strings).
-    """
-
-    model_config = ConfigDict(
-        populate_by_name=True, extra="forbid", alias_generator=to_camel, strict=True
-    )
-
-    def to_api(self) -> dict[str, Any]:
-        """The object as the API server stores it: camelCase keys, JSON types, unset omitted."""
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 def cel(
@@ -778,176 +766,6 @@ class ResilientTrainingJobSpec(ApiModel):
         return profiles.resolve_profile(self).procs_per_node
 
 
-# --- status -----------------------------------------------------------------------------------
-
-ConditionType = Literal["Ready", "Running", "Recovering", "Suspended", "Succeeded", "Failed"]
-JobState = Literal["Pending", "Running", "Recovering", "Suspended", "Succeeded", "Failed"]
-Timestamp = Annotated[AwareDatetime, Field(strict=False)]
-
-
-class Condition(ApiModel):
-    """A metav1.Condition: one aspect of the job's state with the time it last changed."""
-
-    type: ConditionType = Field(
-        description=(
-            "`Ready` (summary: the job is training or finished well), `Running`, `Recovering`, "
-            "`Suspended`, `Succeeded`, `Failed`."
-        )
-    )
-    status: Literal["True", "False", "Unknown"] = Field(description="`True`, `False`, `Unknown`.")
-    observed_generation: int | None = Field(
-        default=None, description="metadata.generation the condition was computed from.", ge=0
-    )
-    last_transition_time: Timestamp = Field(description="When status last changed.")
-    reason: str = Field(
-        description="Why, as one CamelCase word.",
-        min_length=1,
-        max_length=1024,
-        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
-    )
-    message: str = Field(default="", description="Why, as a sentence for humans.", max_length=32768)
-
-
-class LastCheckpoint(ApiModel):
-    """The newest committed checkpoint."""
-
-    step: int = Field(description="Optimizer step of the checkpoint.", ge=0)
-    time: Timestamp | None = Field(default=None, description="When it was committed.")
-
-
-class RestartCounts(ApiModel):
-    """Restarts of this job by kind (cumulative, never reset)."""
-
-    total: int = Field(default=0, description="Sum of rank, full, launcher and inProcess.", ge=0)
-    rank: int = Field(default=0, description="Pods replaced for one node index.", ge=0)
-    full: int = Field(default=0, description="Restarts of every pod.", ge=0)
-    launcher: int = Field(
-        default=0, description="Worker restarts by ft_launcher inside a pod.", ge=0
-    )
-    in_process: int = Field(default=0, description="In-process restarts by NVRx.", ge=0)
-
-
-class RankStatus(ApiModel):
-    """Observed state of one node index (one trainer pod)."""
-
-    node_index: int = Field(description="Node index (the pod's RTJ_NODE_INDEX).", ge=0)
-    pod: str | None = Field(default=None, description="Name of the current pod.", max_length=253)
-    node: str | None = Field(
-        default=None, description="Kubernetes node the pod runs on.", max_length=253
-    )
-    state: str | None = Field(
-        default=None,
-        description="State of the pod's workers, for example `Pending`, `Running`, `Hung`, "
-        "`Restarting`, `Failed`, `Succeeded`.",
-        max_length=32,
-    )
-    last_heartbeat_time: Timestamp | None = Field(
-        default=None, description="Newest heartbeat of the node's ranks."
-    )
-    step: int | None = Field(
-        default=None, description="Last completed step of the node's ranks.", ge=0
-    )
-    restarts: int | None = Field(default=None, description="Restarts of this node index.", ge=0)
-    attempt: int | None = Field(
-        default=None, description="Attempt number of the current pod.", ge=0
-    )
-
-
-class Incident(ApiModel):
-    """One fault and the recovery the operator chose for it."""
-
-    cause: str = Field(
-        description="What went wrong, for example `PodFailed`, `HeartbeatTimeout`, "
-        "`ProgressTimeout`, `NodeLost`.",
-        max_length=64,
-    )
-    node_index: int | None = Field(default=None, description="Node index of the faulty pod.", ge=0)
-    rank: int | None = Field(default=None, description="Global rank of the faulty process.", ge=0)
-    detected_time: Timestamp = Field(description="When the operator saw the fault.")
-    acted_time: Timestamp | None = Field(default=None, description="When recovery began.")
-    recovered_time: Timestamp | None = Field(
-        default=None, description="When training made progress again."
-    )
-    seconds: Annotated[float, Field(strict=False)] | None = Field(
-        default=None, description="Seconds from detection to recovery.", ge=0
-    )
-    action: str | None = Field(
-        default=None,
-        description="Recovery taken, for example `InProcessRestart`, `LauncherRestart`, "
-        "`RankRestart`, `FullRestart`, `Fail`.",
-        max_length=64,
-    )
-    message: str | None = Field(default=None, description="Details for humans.", max_length=1024)
-
-
-class ResilientTrainingJobStatus(ApiModel):
-    """Observed state of a ResilientTrainingJob, written only by the operator."""
-
-    observed_generation: int | None = Field(
-        default=None, description="metadata.generation this status describes.", ge=0
-    )
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        description="Conditions, one per type; `Ready` is the summary.",
-        max_length=MAX_CONDITIONS,
-        json_schema_extra={
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["type"],
-        },
-    )
-    state: JobState | None = Field(
-        default=None,
-        description="One-word summary for `kubectl get`: Pending, Running, Recovering, "
-        "Suspended, Succeeded, Failed. Read conditions for the details.",
-    )
-    nodes_ready: int | None = Field(
-        default=None, description="Trainer pods running and ready.", ge=0
-    )
-    nodes_desired: int | None = Field(default=None, description="Trainer pods wanted.", ge=0)
-    nodes: str | None = Field(
-        default=None, description="`ready/desired`, for `kubectl get`.", max_length=16
-    )
-    step: int | None = Field(default=None, description="Last step completed by every rank.", ge=0)
-    last_checkpoint: LastCheckpoint | None = Field(
-        default=None, description="The newest committed checkpoint."
-    )
-    restarts: RestartCounts | None = Field(default=None, description="Restarts by kind.")
-    ranks: list[RankStatus] = Field(
-        default_factory=list,
-        description="One entry per node index.",
-        max_length=MAX_NODES,
-        json_schema_extra={
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["nodeIndex"],
-        },
-    )
-    incidents: list[Incident] = Field(
-        default_factory=list,
-        description=f"The last {MAX_INCIDENTS} faults, oldest first.",
-        max_length=MAX_INCIDENTS,
-    )
-    goodput: str | None = Field(
-        default=None,
-        description="Share of wall time spent in steps that were kept, for example `93.1%`.",
-        max_length=8,
-        pattern=r"^[0-9]{1,3}(\.[0-9])?%$",
-    )
-    start_time: Timestamp | None = Field(
-        default=None, description="When the job first started pods."
-    )
-    completion_time: Timestamp | None = Field(
-        default=None, description="When the job succeeded or failed."
-    )
-    reason: str | None = Field(
-        default=None,
-        description="Reason of the current state, one CamelCase word.",
-        max_length=1024,
-    )
-    message: str | None = Field(
-        default=None, description="The current state explained in a sentence.", max_length=32768
-    )
-
-
 # --- the resource -----------------------------------------------------------------------------
 
 JOB_NAME_RULE = cel(
@@ -1020,12 +838,12 @@ class ResilientTrainingJob(ApiModel):
         return self.spec.checkpoint.claim_name or f"{self.name}-checkpoints"
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """Deep copy of a Mapping/sequence tree into dicts and lists (kopf bodies are views)."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 
@@ -1034,14 +852,9 @@ def parse_job(body: Mapping[str, Any]) -> ResilientTrainingJob:
 
     Raises pydantic.ValidationError whose messages name the offending field.
     """
-    return ResilientTrainingJob.model_validate(_plain(body))
-
-
-def parse_spec(spec: Mapping[str, Any]) -> ResilientTrainingJobSpec:
-    """Parse only a spec (for example kopf's `spec` handler argument)."""
-    return ResilientTrainingJobSpec.model_validate(_plain(spec))
+    return ResilientTrainingJob.model_validate(plain(body))
 
 
 def parse_status(status: Mapping[str, Any]) -> ResilientTrainingJobStatus:
     """Parse only a status, as stored on the server."""
-    return ResilientTrainingJobStatus.model_validate(_plain(status))
+    return ResilientTrainingJobStatus.model_validate(plain(status))

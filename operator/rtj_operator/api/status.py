@@ -1,0 +1,287 @@
+"""The job's status and the words it is written in, side by side.
+
+Every word the operator puts in status (a job state, a condition type, a rank state, an incident
+cause, a recovery action, a reason) is a member of one `StrEnum` below, and the decision code
+writes the members, never string literals. The field descriptions are generated from the same
+enums, so the API cannot document a word the operator never writes.
+
+The enums type the fields in Python only: each field's OpenAPI schema is pinned with
+`WithJsonSchema` to what it was before the vocabulary was typed (free-form fields stay bounded
+strings, the job state and condition type stay the same enums), so the CRD and what the API
+server accepts do not change. Fields accept plain strings (`strict=False`) because a status
+arrives from the API server as JSON.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import AwareDatetime, Field, WithJsonSchema
+
+from rtj_operator.api.schema import MAX_NODES, ApiModel
+
+MAX_INCIDENTS = 20
+"""status.incidents keeps the last MAX_INCIDENTS incidents."""
+MAX_CONDITIONS = 16
+
+
+# --- vocabulary -------------------------------------------------------------------------------
+
+
+class JobState(StrEnum):
+    """status.state: the one-word summary."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RECOVERING = "Recovering"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class ConditionType(StrEnum):
+    """status.conditions[].type, in the order the conditions are written."""
+
+    READY = "Ready"
+    RUNNING = "Running"
+    RECOVERING = "Recovering"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class RankState(StrEnum):
+    """status.ranks[].state: the state of one trainer pod's workers."""
+
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class IncidentCause(StrEnum):
+    """status.incidents[].cause: what the operator saw go wrong."""
+
+    POD_FAILED = "PodFailed"
+    POD_VANISHED = "PodVanished"
+    POD_DELETED = "PodDeleted"
+    HEARTBEAT_TIMEOUT = "HeartbeatTimeout"
+    PROGRESS_TIMEOUT = "ProgressTimeout"
+    RENDEZVOUS_LOST = "RendezvousLost"
+    WORKER_RESTART = "WorkerRestart"
+
+
+class RecoveryAction(StrEnum):
+    """status.incidents[].action: the recovery taken (the last two run inside the pods; the
+    operator only sees them afterwards, in the trainers' counters)."""
+
+    RANK_RESTART = "RankRestart"
+    FULL_RESTART = "FullRestart"
+    FAIL = "Fail"
+    LAUNCHER_RESTART = "LauncherRestart"
+    IN_PROCESS_RESTART = "InProcessRestart"
+
+
+class Reason(StrEnum):
+    """status.reason and the conditions' reason. While the job is `Recovering` the reason is the
+    `RecoveryAction` under way instead."""
+
+    CREATING = "CreatingPods"
+    STARTING = "WaitingForHeartbeats"
+    RUNNING = "AllRanksHeartbeating"
+    SUSPENDED = "Suspended"
+    COMPLETED = "Completed"
+    DEADLINE = "DeadlineExceeded"
+    NON_RETRYABLE = "NonRetryableExitCode"
+    BUDGET = "RestartBudgetExceeded"
+    PARTIAL = "PartialCompletion"
+    INVALID = "InvalidSpec"
+
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+def _words(vocabulary: type[StrEnum]) -> str:
+    return ", ".join(f"`{word}`" for word in vocabulary)
+
+
+# The typed fields, each with the OpenAPI schema it had as a plain `str` / `Literal`.
+JobStateField = Annotated[
+    JobState, Field(strict=False),
+    WithJsonSchema({"type": "string", "enum": [s.value for s in JobState]}),
+]
+ConditionTypeField = Annotated[
+    ConditionType, Field(strict=False),
+    WithJsonSchema({"type": "string", "enum": [t.value for t in ConditionType]}),
+]
+RankStateField = Annotated[
+    RankState, Field(strict=False), WithJsonSchema({"type": "string", "maxLength": 32})
+]
+IncidentCauseField = Annotated[
+    IncidentCause, Field(strict=False), WithJsonSchema({"type": "string", "maxLength": 64})
+]
+RecoveryActionField = Annotated[
+    RecoveryAction, Field(strict=False), WithJsonSchema({"type": "string", "maxLength": 64})
+]
+
+
+# --- the status -----------------------------------------------------------------------------
+
+Timestamp = Annotated[AwareDatetime, Field(strict=False)]
+
+
+class Condition(ApiModel):
+    """A metav1.Condition: one aspect of the job's state with the time it last changed."""
+
+    type: ConditionTypeField = Field(
+        description=(
+            "`Ready` (summary: the job is training or finished well), `Running`, `Recovering`, "
+            "`Suspended`, `Succeeded`, `Failed`."
+        )
+    )
+    status: ConditionStatus = Field(description="`True`, `False`, `Unknown`.")
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation the condition was computed from.", ge=0
+    )
+    last_transition_time: Timestamp = Field(description="When status last changed.")
+    reason: str = Field(
+        description="Why, as one CamelCase word.",
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+    )
+    message: str = Field(default="", description="Why, as a sentence for humans.", max_length=32768)
+
+
+class LastCheckpoint(ApiModel):
+    """The newest committed checkpoint."""
+
+    step: int = Field(description="Optimizer step of the checkpoint.", ge=0)
+    time: Timestamp | None = Field(default=None, description="When it was committed.")
+
+
+class RestartCounts(ApiModel):
+    """Restarts of this job by kind (cumulative, never reset)."""
+
+    total: int = Field(default=0, description="Sum of rank, full, launcher and inProcess.", ge=0)
+    rank: int = Field(default=0, description="Pods replaced for one node index.", ge=0)
+    full: int = Field(default=0, description="Restarts of every pod.", ge=0)
+    launcher: int = Field(
+        default=0, description="Worker restarts by ft_launcher inside a pod.", ge=0
+    )
+    in_process: int = Field(default=0, description="In-process restarts by NVRx.", ge=0)
+
+
+class RankStatus(ApiModel):
+    """Observed state of one node index (one trainer pod)."""
+
+    node_index: int = Field(description="Node index (the pod's RTJ_NODE_INDEX).", ge=0)
+    pod: str | None = Field(default=None, description="Name of the current pod.", max_length=253)
+    node: str | None = Field(
+        default=None, description="Kubernetes node the pod runs on.", max_length=253
+    )
+    state: RankStateField | None = Field(
+        default=None, description=f"State of the pod's workers: {_words(RankState)}."
+    )
+    last_heartbeat_time: Timestamp | None = Field(
+        default=None, description="Newest heartbeat of the node's ranks."
+    )
+    step: int | None = Field(
+        default=None, description="Last completed step of the node's ranks.", ge=0
+    )
+    restarts: int | None = Field(default=None, description="Restarts of this node index.", ge=0)
+    attempt: int | None = Field(
+        default=None, description="Attempt number of the current pod.", ge=0
+    )
+
+
+class Incident(ApiModel):
+    """One fault and the recovery the operator chose for it."""
+
+    cause: IncidentCauseField = Field(description=f"What went wrong: {_words(IncidentCause)}.")
+    node_index: int | None = Field(default=None, description="Node index of the faulty pod.", ge=0)
+    rank: int | None = Field(default=None, description="Global rank of the faulty process.", ge=0)
+    detected_time: Timestamp = Field(description="When the operator saw the fault.")
+    acted_time: Timestamp | None = Field(default=None, description="When recovery began.")
+    recovered_time: Timestamp | None = Field(
+        default=None, description="When training made progress again."
+    )
+    seconds: Annotated[float, Field(strict=False)] | None = Field(
+        default=None, description="Seconds from detection to recovery.", ge=0
+    )
+    action: RecoveryActionField | None = Field(
+        default=None, description=f"Recovery taken: {_words(RecoveryAction)}."
+    )
+    message: str | None = Field(default=None, description="Details for humans.", max_length=1024)
+
+
+class ResilientTrainingJobStatus(ApiModel):
+    """Observed state of a ResilientTrainingJob, written only by the operator."""
+
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation this status describes.", ge=0
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Conditions, one per type; `Ready` is the summary.",
+        max_length=MAX_CONDITIONS,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    state: JobStateField | None = Field(
+        default=None,
+        description=f"One-word summary for `kubectl get`: {', '.join(JobState)}. "
+        "Read conditions for the details.",
+    )
+    nodes_ready: int | None = Field(
+        default=None, description="Trainer pods running and ready.", ge=0
+    )
+    nodes_desired: int | None = Field(default=None, description="Trainer pods wanted.", ge=0)
+    nodes: str | None = Field(
+        default=None, description="`ready/desired`, for `kubectl get`.", max_length=16
+    )
+    step: int | None = Field(default=None, description="Last step completed by every rank.", ge=0)
+    last_checkpoint: LastCheckpoint | None = Field(
+        default=None, description="The newest committed checkpoint."
+    )
+    restarts: RestartCounts | None = Field(default=None, description="Restarts by kind.")
+    ranks: list[RankStatus] = Field(
+        default_factory=list,
+        description="One entry per node index.",
+        max_length=MAX_NODES,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["nodeIndex"],
+        },
+    )
+    incidents: list[Incident] = Field(
+        default_factory=list,
+        description=f"The last {MAX_INCIDENTS} faults, oldest first.",
+        max_length=MAX_INCIDENTS,
+    )
+    goodput: str | None = Field(
+        default=None,
+        description="Share of wall time spent in steps that were kept, for example `93.1%`.",
+        max_length=8,
+        pattern=r"^[0-9]{1,3}(\.[0-9])?%$",
+    )
+    start_time: Timestamp | None = Field(
+        default=None, description="When the job first started pods."
+    )
+    completion_time: Timestamp | None = Field(
+        default=None, description="When the job succeeded or failed."
+    )
+    reason: str | None = Field(
+        default=None,
+        description="Reason of the current state, one CamelCase word.",
+        max_length=1024,
+    )
+    message: str | None = Field(
+        default=None, description="The current state explained in a sentence.", max_length=32768
+    )

@@ -1,0 +1,100 @@
+"""The operator's brain: one pure function from what it sees to what it does.
+
+`decide(job, observed, liveness, now, memory, settings)` returns the actions of one reconcile
+pass (create or delete children, post Events, delete a finished job) and the job's complete new
+status. It reads no clock, no cluster and no network, so every rule below is pinned by the
+table-driven tests in tests/unit/decisions/.
+
+The rules, in the order a pass applies them:
+
+1. A finished job (Succeeded/Failed) only cleans up: running pods and the rendezvous pod go;
+   after `ttlSecondsAfterFinished` the job itself is deleted.
+2. The headless Service, the rendezvous Service and the dynamic claim exist (even while
+   suspended: the claim keeps the checkpoints). The claim is owned by the job unless
+   `claimDeletePolicy: Retain`.
+3. `suspend: true` deletes every pod; `false` starts them again (the trainer resumes from the
+   newest committed checkpoint).
+4. `activeDeadlineSeconds` since `status.startTime` passed -> Failed (DeadlineExceeded).
+5. A trainer pod that exited with 93 (NVRx "do not restart") or a code of
+   `faultTolerance.nonRetryableExitCodes` -> Failed (NonRetryableExitCode).
+6. Every trainer pod exited 0 -> Succeeded (the rendezvous pod is deleted). Once one pod has
+   succeeded no pod is restarted: the training loop has ended everywhere.
+7. Faults: a trainer pod that failed, vanished or was deleted by someone else; a rank without a
+   heartbeat for `heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds` (ft_launcher had its
+   chance to restart the workers inside the pod first); a job whose slowest step did not advance
+   for `progressTimeoutSeconds`; the rendezvous pod lost. `RankRestart` replaces only the faulty
+   pod (spending `rankRestartBudget`); when that budget is spent, when every pod is faulty, when
+   the rendezvous is lost, or with `restartStrategy: FullRestart`, every pod is restarted
+   (spending `fullRestartBudget`); when that is spent -> Failed (RestartBudgetExceeded).
+8. Missing pods are created. The rendezvous pod is created only when no trainer pod is still
+   terminating, and trainer pods only when the rendezvous pod is up or being created: a full
+   restart therefore tears everything down before it starts again, with no extra state.
+
+What the function must remember between passes lives in the status it returns (ranks, restart
+counters, incidents with their times) and in `Memory` (the status it wrote last, which is fresher
+than the object kopf hands the next pass, and when the job's step last advanced).
+
+Each rule has its own module; `decide` below is the one place that states their order:
+
+- `lifecycle.py`: rules 1-6 and 8 (finished, Services and claim, suspend, deadline, exit codes,
+  completion, create);
+- `liveness.py`: rule 7, finding faults (ranks from the pods and the scrapes, heartbeat and
+  progress timeouts);
+- `recovery.py`: rule 7, recovering (budgets, rank restart, full restart) and failing the job;
+- `status.py`: the status every rule ends with (conditions, incidents, progress, goodput);
+- `state.py`: the working state of a pass (`_Pass`), `Memory`, `Decision`, `DetectedFault`.
+
+The decision returns the status as a `ResilientTrainingJobStatus`, its actions (`intents`) and
+its Events apart; `reconcile` applies the actions, writes the status and posts the Events.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from rtj_operator.api.models import ResilientTrainingJob
+from rtj_operator.api.status import JobState
+from rtj_operator.config import OperatorSettings
+from rtj_operator.decisions import lifecycle, recovery, status
+from rtj_operator.decisions.liveness import find_faults, observe_ranks
+from rtj_operator.decisions.state import Decision, DetectedFault, Memory, _Pass
+from rtj_operator.decisions.status import OPERATOR_ACTIONS, invalid_spec
+from rtj_operator.views import Observed, RankLiveness
+
+__all__ = ["OPERATOR_ACTIONS", "Decision", "DetectedFault", "Memory", "decide", "invalid_spec"]
+
+
+def decide(
+    *,
+    job: ResilientTrainingJob,
+    observed: Observed,
+    liveness: RankLiveness,
+    now: datetime,
+    memory: Memory,
+    settings: OperatorSettings,
+) -> Decision:
+    """The actions of one reconcile pass and the job's new status (see the module docstring)."""
+    p = _Pass(job=job, observed=observed, liveness=liveness, now=now, memory=memory,
+              settings=settings)
+    if p.prev.state in (JobState.SUCCEEDED, JobState.FAILED):
+        return lifecycle.finished(p)  # rule 1
+    lifecycle.ensure_services_and_claim(p)  # rule 2
+    if p.spec.suspend:
+        return lifecycle.suspended(p)  # rule 3
+    start_time = p.prev.start_time or now
+    for ends_the_job in (
+        lifecycle.past_deadline,  # rule 4
+        lifecycle.non_retryable_exit,  # rule 5
+        lifecycle.completion,  # rule 6
+    ):
+        ended = ends_the_job(p, start_time)
+        if ended is not None:
+            return ended
+    observe_ranks(p)  # rule 7
+    faults = find_faults(p)
+    if faults:
+        failed = recovery.recover(p, faults, start_time)
+        if failed is not None:
+            return failed
+    lifecycle.create_missing(p)  # rule 8
+    return status.running(p, start_time)

@@ -1,0 +1,194 @@
+"""The job's lifecycle rules: a finished job (rule 1), the Services and the claim (rule 2),
+suspend and resume (rule 3), the deadline (rule 4), exit codes that must not be retried
+(rule 5), completion (rule 6) and creating what is missing (rule 8).
+
+Faults and their recovery (rule 7) are in `liveness.py` and `recovery.py`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from rtj_operator import builders, naming
+from rtj_operator.api.status import ConditionType, JobState, RankState, Reason
+from rtj_operator.decisions import recovery, status
+from rtj_operator.decisions.state import Decision, _Pass
+from rtj_operator.intents import DeleteJob, DeletePod, SetClaimOwner
+
+NO_RESTART_EXIT_CODE = 93
+"""ft_launcher's `--ft-no-restart-exit-code`: NVRx decided the job must not be restarted."""
+
+
+# --- rule 1: finished ---------------------------------------------------------------------------
+
+
+def finished(p: _Pass) -> Decision:
+    """A finished job: stop whatever still runs, keep the record, honour the TTL."""
+    for pod in p.observed.trainer_pods.values():
+        if not pod.terminated:
+            p.delete_pod(pod, f"the job is {p.prev.state}")
+    if p.observed.rendezvous_pod is not None:
+        p.delete_pod(p.observed.rendezvous_pod, f"the job is {p.prev.state}")
+    ttl = p.spec.ttl_seconds_after_finished
+    completion = p.prev.completion_time
+    if ttl is not None and completion is not None and p.now >= completion + timedelta(seconds=ttl):
+        p.actions.append(DeleteJob())
+        p.event("Normal", "Deleted",
+                f"Deleting the job: ttlSecondsAfterFinished={ttl} passed since it finished")
+    return status.decision(p, p.prev)
+
+
+# --- rule 2: services and claim -----------------------------------------------------------------
+
+
+def ensure_services_and_claim(p: _Pass) -> None:
+    if not p.observed.headless_service:
+        p.create(builders.headless_service(p.job, settings=p.settings),
+                 "DNS names for the trainer pods")
+    if not p.observed.rendezvous_service:
+        p.create(builders.rendezvous_service(p.job, settings=p.settings),
+                 "the rendezvous endpoint of ft_launcher")
+    checkpoint = p.spec.checkpoint
+    if not checkpoint.is_dynamic:
+        return
+    claim = p.observed.claim
+    if claim is None:
+        p.create(builders.checkpoint_claim(p.job),
+                 f"ReadWriteMany checkpoint volume of StorageClass {checkpoint.storage_class_name}")
+        return
+    should_own = checkpoint.effective_claim_delete_policy == "Delete"
+    if claim.owned_by_job != should_own:
+        p.actions.append(
+            SetClaimOwner(claim.name, builders.owner_reference(p.job) if should_own else None)
+        )
+        p.event("Normal", "ClaimDeletePolicy",
+                f"Claim {claim.name} is {'owned by' if should_own else 'released from'} the job "
+                f"(claimDeletePolicy {checkpoint.effective_claim_delete_policy})")
+
+
+# --- rule 3: suspend ----------------------------------------------------------------------------
+
+
+def suspended(p: _Pass) -> Decision:
+    pods = [*p.observed.trainer_pods.values()]
+    if p.observed.rendezvous_pod is not None:
+        pods.append(p.observed.rendezvous_pod)
+    for pod in pods:
+        p.delete_pod(pod, "the job is suspended")
+    for index in range(p.spec.nodes):
+        trainer = p.observed.trainer_pods.get(index)
+        p.rank(index, state=RankState.SUSPENDED, pod=trainer.name if trainer else None,
+               node=trainer.node_name if trainer else None)
+    gone = not pods
+    message = ("every pod is deleted; the checkpoints are kept" if gone
+               else "deleting the pods; the checkpoints are kept")
+    if p.prev.state != JobState.SUSPENDED:
+        p.event("Normal", "Suspended", f"Suspended: {message}")
+    written = status.build(
+        p, state=JobState.SUSPENDED, reason=Reason.SUSPENDED,
+        message=f"The job is suspended: {message}",
+        conditions={ConditionType.SUSPENDED: True}, start_time=None, ready_nodes=0,
+    )
+    # Like a Job, the deadline clock stops while suspended: startTime is set again on resume.
+    # Set to None on purpose, so the status patch removes it from the object.
+    return status.decision(p, written.model_copy(update={"start_time": None}))
+
+
+# --- rules 4 and 5: deadline and exit codes that must not be retried ----------------------------
+
+
+def past_deadline(p: _Pass, start_time: datetime) -> Decision | None:
+    deadline = p.spec.active_deadline_seconds
+    if deadline is None or p.now < start_time + timedelta(seconds=deadline):
+        return None
+    return recovery.fail(p, Reason.DEADLINE,
+                         f"the job ran longer than activeDeadlineSeconds={deadline}", start_time)
+
+
+def non_retryable_exit(p: _Pass, start_time: datetime) -> Decision | None:
+    permanent = {NO_RESTART_EXIT_CODE, *p.spec.fault_tolerance.non_retryable_exit_codes}
+    for index, pod in sorted(p.observed.trainer_pods.items()):
+        if pod.phase == "Failed" and pod.exit_code in permanent:
+            return recovery.fail(
+                p, Reason.NON_RETRYABLE,
+                f"pod {pod.name} exited with code {pod.exit_code}, which is not retryable",
+                start_time, failed_index=index,
+            )
+    return None
+
+
+# --- rule 6: completion -------------------------------------------------------------------------
+
+
+def completion(p: _Pass, start_time: datetime) -> Decision | None:
+    """Succeeded when every trainer pod exited 0; no restarts once one has."""
+    pods = p.observed.trainer_pods
+    succeeded = [i for i, pod in pods.items() if pod.phase == "Succeeded"]
+    if not succeeded:
+        return None
+    if len(succeeded) == p.spec.nodes:
+        for index, pod in pods.items():
+            p.rank(index, pod=pod.name, node=pod.node_name, attempt=pod.attempt,
+                   state=RankState.SUCCEEDED)
+        if p.observed.rendezvous_pod is not None:
+            p.delete_pod(p.observed.rendezvous_pod, "training finished")
+        p.event("Normal", Reason.COMPLETED, "Succeeded: every trainer pod exited 0")
+        status.recover_incidents(p)
+        written = status.build(
+            p, state=JobState.SUCCEEDED, reason=Reason.COMPLETED,
+            message="Every trainer pod exited 0.",
+            conditions={ConditionType.SUCCEEDED: True, ConditionType.READY: True},
+            start_time=start_time, ready_nodes=p.spec.nodes, completion_time=p.now,
+        )
+        # The trainers are gone, so the last scrape may predate the final steps; the final
+        # checkpoint (written at the last step) is the best evidence of where training ended.
+        checkpoint = written.last_checkpoint
+        step = written.step if written.step is not None else -1
+        if checkpoint is not None and checkpoint.step > step:
+            written = written.model_copy(update={"step": checkpoint.step})
+        return status.decision(p, written)
+    still_running = [pod for pod in pods.values() if not pod.terminated]
+    if len(pods) < p.spec.nodes:
+        return recovery.fail(p, Reason.PARTIAL,
+                             "some trainer pods succeeded but another one is gone", start_time)
+    if not still_running:
+        failed = sorted(pod.name for pod in pods.values() if pod.phase == "Failed")
+        return recovery.fail(
+            p, Reason.PARTIAL,
+            f"some trainer pods succeeded but {', '.join(failed)} failed", start_time,
+        )
+    return None
+
+
+# --- rule 8: create -----------------------------------------------------------------------------
+
+
+def create_missing(p: _Pass) -> None:
+    pods = p.observed.trainer_pods
+    rendezvous = p.observed.rendezvous_pod
+    restarting_all = any(isinstance(a, DeletePod) and a.name == naming.rendezvous_name(p.job.name)
+                         for a in p.actions)
+    terminating = any(pod.deleting for pod in pods.values()) or any(
+        isinstance(a, DeletePod) for a in p.actions
+    )
+    if rendezvous is None and not terminating:
+        p.create(builders.rendezvous_pod(p.job, settings=p.settings),
+                 "nvrx-control hosts the rendezvous store")
+        p.rendezvous_being_created = True
+    rendezvous_up = p.rendezvous_being_created or (
+        rendezvous is not None and not rendezvous.deleting and not rendezvous.terminated
+        and not restarting_all
+    )
+    if not rendezvous_up:
+        return
+    for index in range(p.spec.nodes):
+        if index in pods:
+            continue
+        attempt = p.next_attempt(index)
+        p.create(
+            builders.trainer_pod(p.job, node_index=index, attempt=attempt, settings=p.settings),
+            f"trainer for node {index}, attempt {attempt}",
+        )
+        p.rank(index, state=RankState.PENDING, attempt=attempt,
+               pod=naming.trainer_pod_name(p.job.name, index), node=None, step=None,
+               last_heartbeat_time=None)

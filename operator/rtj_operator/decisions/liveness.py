@@ -1,0 +1,201 @@
+"""Rule 7, finding faults: the ranks' state from the pods and the scraped metrics, and the
+faults in them.
+
+A fault is a trainer pod that failed, vanished or was deleted by someone else; the rendezvous pod
+lost; a rank without a heartbeat for `heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds`
+(ft_launcher had its chance to restart the workers inside the pod first); or a job whose slowest
+step did not advance for `progressTimeoutSeconds` although every rank sends heartbeats. The
+timeouts count from when every pod was last (re)started or the last recovery began.
+
+The whole hang policy lives here, including how one pod's ranks add up (`oldest_heartbeat`,
+`completed_step`: only a pod whose every local rank answered counts); `views.py` holds only what
+was scraped. What the operator does about a fault is `recovery.py`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from rtj_operator import naming
+from rtj_operator.api.status import IncidentCause, RankState
+from rtj_operator.decisions.state import DetectedFault, _Pass, from_unix, iso
+from rtj_operator.views import NodeLiveness
+
+
+def oldest_heartbeat(node: NodeLiveness) -> float | None:
+    """The oldest heartbeat (Unix time) of the pod's ranks, when every rank answered with one."""
+    beats = [s.heartbeat for s in node.samples if s.heartbeat is not None]
+    if not node.complete or len(beats) != node.expected_ranks:
+        return None
+    return min(beats)
+
+
+def completed_step(node: NodeLiveness) -> int | None:
+    """The step every rank of the pod has completed, when every rank answered."""
+    steps = [s.step for s in node.samples if s.step is not None]
+    if not node.complete or len(steps) != node.expected_ranks:
+        return None
+    return min(steps)
+
+
+# --- rule 7: faults -----------------------------------------------------------------------------
+
+
+def _node_heartbeat(p: _Pass, index: int) -> datetime | None:
+    """The node's newest known heartbeat: scraped now, else what status remembers."""
+    node = p.liveness.get(index)
+    pod = p.observed.trainer_pods.get(index)
+    if node is not None and pod is not None and node.pod_uid == pod.uid:
+        beat = oldest_heartbeat(node)
+        if beat is not None:
+            return from_unix(beat)
+    previous = p.prev_ranks.get(index)
+    if previous is not None and pod is not None and previous.attempt == pod.attempt:
+        return previous.last_heartbeat_time
+    return None
+
+
+def _node_liveness(p: _Pass, index: int) -> NodeLiveness | None:
+    node = p.liveness.get(index)
+    pod = p.observed.trainer_pods.get(index)
+    if node is None or pod is None or node.pod_uid != pod.uid:
+        return None
+    return node
+
+
+def _clock_start(p: _Pass) -> datetime | None:
+    """When every trainer pod was last (re)started or the last recovery began: the reference
+    from which heartbeat and progress timeouts count. None while some pod is not running."""
+    pods = p.observed.trainer_pods
+    if len(pods) < p.spec.nodes or any(
+        pod.phase != "Running" or pod.deleting for pod in pods.values()
+    ):
+        return None
+    rendezvous = p.observed.rendezvous_pod
+    if rendezvous is None or rendezvous.phase != "Running" or rendezvous.deleting:
+        return None
+    starts = [pod.started_at for pod in pods.values() if pod.started_at is not None]
+    acted = [i.acted_time for i in p.incidents if i.acted_time is not None]
+    moments = starts + acted
+    return max(moments) if moments else None
+
+
+def observe_ranks(p: _Pass) -> None:
+    """Fill ranks[] from the pods and the scraped metrics."""
+    for index in range(p.spec.nodes):
+        pod = p.observed.trainer_pods.get(index)
+        if pod is None:
+            p.rank(index, pod=None, node=None)
+            continue
+        node = _node_liveness(p, index)
+        beat = _node_heartbeat(p, index)
+        step = completed_step(node) if node is not None else None
+        previous = p.prev_ranks.get(index)
+        if step is None and previous is not None and previous.attempt == pod.attempt:
+            step = previous.step
+        state = {"Pending": RankState.PENDING, "Succeeded": RankState.SUCCEEDED,
+                 "Failed": RankState.FAILED}.get(pod.phase, RankState.STARTING)
+        if pod.deleting:
+            state = RankState.RESTARTING
+        p.rank(index, pod=pod.name, node=pod.node_name, attempt=pod.attempt,
+               last_heartbeat_time=beat, step=step, state=state)
+    clock = _clock_start(p)
+    if clock is None:
+        return
+    for index in range(p.spec.nodes):
+        beat = p.ranks[index].last_heartbeat_time
+        if beat is not None and beat >= clock and _fresh(p, beat):
+            p.rank(index, state=RankState.RUNNING)
+
+
+def _fresh(p: _Pass, beat: datetime) -> bool:
+    return p.now - beat <= timedelta(seconds=p.spec.fault_tolerance.heartbeat_timeout_seconds)
+
+
+def find_faults(p: _Pass) -> list[DetectedFault]:
+    faults: list[DetectedFault] = []
+    pods = p.observed.trainer_pods
+    for index in range(p.spec.nodes):
+        pod = pods.get(index)
+        state = (p.prev_ranks.get(index).state  # type: ignore[union-attr]
+                 if index in p.prev_ranks else None)
+        if pod is None:
+            if state in (RankState.STARTING, RankState.RUNNING, RankState.PENDING):
+                faults.append(DetectedFault(IncidentCause.POD_VANISHED, index, p.now,
+                                    f"pod {naming.trainer_pod_name(p.job.name, index)} is gone"))
+            continue
+        if pod.deleting:
+            if state not in (RankState.RESTARTING, RankState.SUSPENDED, None):
+                faults.append(DetectedFault(IncidentCause.POD_DELETED, index, p.now,
+                                    f"pod {pod.name} was deleted by someone else"))
+            continue
+        if pod.phase == "Failed":
+            why = f"exit code {pod.exit_code}" if pod.exit_code is not None else (
+                pod.reason or "unknown reason")
+            faults.append(DetectedFault(IncidentCause.POD_FAILED, index, pod.finished_at or p.now,
+                                f"pod {pod.name} failed ({why})"))
+    rendezvous = p.observed.rendezvous_pod
+    live_trainers = [pod for pod in pods.values() if not pod.deleting]
+    if live_trainers and (
+        rendezvous is None or rendezvous.deleting or rendezvous.terminated
+    ):
+        # The store and the rounds are gone: every launcher fails; restart everything.
+        detail = "is gone" if rendezvous is None else (
+            "is being deleted" if rendezvous.deleting else f"ended ({rendezvous.phase})")
+        faults.append(DetectedFault(IncidentCause.RENDEZVOUS_LOST, None, p.now,
+                            f"rendezvous pod {naming.rendezvous_name(p.job.name)} {detail}",
+                            whole_job=True))
+    if not faults:
+        faults.extend(_liveness_faults(p))
+    return faults
+
+
+def _liveness_faults(p: _Pass) -> list[DetectedFault]:
+    """Hangs: no heartbeat, or no progress although every rank sends heartbeats."""
+    clock = _clock_start(p)
+    if clock is None:
+        p.progress_step, p.progress_since = None, None
+        return []
+    ft = p.spec.fault_tolerance
+    hang_after = timedelta(
+        seconds=ft.heartbeat_timeout_seconds + ft.initial_heartbeat_timeout_seconds
+    )
+    faults: list[DetectedFault] = []
+    for index in range(p.spec.nodes):
+        beat = p.ranks[index].last_heartbeat_time
+        evidence = beat if beat is not None and beat >= clock else clock
+        if p.now - evidence > hang_after:
+            seen = f"since {iso(beat)}" if beat is not None and beat >= clock else (
+                f"since the pods started at {iso(clock)}")
+            faults.append(DetectedFault(
+                IncidentCause.HEARTBEAT_TIMEOUT, index, p.now,
+                f"no heartbeat from pod {naming.trainer_pod_name(p.job.name, index)} {seen} "
+                f"(heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds = "
+                f"{int(hang_after.total_seconds())} s)",
+            ))
+    if faults:
+        return faults
+
+    steps = {i: p.ranks[i].step for i in range(p.spec.nodes)}
+    nodes = [_node_liveness(p, i) for i in range(p.spec.nodes)]
+    if any(n is None or completed_step(n) is None for n in nodes):
+        return []
+    job_step = min(s for s in steps.values() if s is not None)
+    if p.progress_step is None or job_step > p.progress_step or p.progress_since is None:
+        p.progress_step, p.progress_since = job_step, p.now
+        return []
+    all_beating = all(
+        (b := p.ranks[i].last_heartbeat_time) is not None and b >= clock and _fresh(p, b)
+        for i in range(p.spec.nodes)
+    )
+    stalled_since = max(p.progress_since, clock)
+    if not all_beating or p.now - stalled_since <= timedelta(seconds=ft.progress_timeout_seconds):
+        return []
+    slowest = min(steps, key=lambda i: steps[i] or 0)
+    laggard = (steps[slowest] or 0) < max(s or 0 for s in steps.values())
+    message = (f"step {job_step} has not advanced since {iso(p.progress_since)} "
+               f"(progressTimeoutSeconds={ft.progress_timeout_seconds})")
+    p.progress_step, p.progress_since = None, None
+    if laggard:
+        return [DetectedFault(IncidentCause.PROGRESS_TIMEOUT, slowest, p.now, message)]
+    return [DetectedFault(IncidentCause.PROGRESS_TIMEOUT, None, p.now, message, whole_job=True)]

@@ -1,0 +1,111 @@
+"""Recovery from the faults of rule 7, and failing the job (rules 4, 5 and 7).
+
+The cheapest fix that the budgets allow: `RankRestart` replaces only the faulty pods (spending
+`rankRestartBudget`); when that budget is spent, when every pod is at fault, when the fault
+concerns the whole job (the rendezvous is lost) or with `restartStrategy: FullRestart`, every pod
+is restarted (spending `fullRestartBudget`); when that is spent the job fails
+(RestartBudgetExceeded). Budgets count the operator's own restarts in `status.incidents` within
+the budget's window.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from rtj_operator.api.status import ConditionType, JobState, RankState, Reason, RecoveryAction
+from rtj_operator.decisions import status
+from rtj_operator.decisions.state import Decision, DetectedFault, _Pass, restarts_within
+
+
+def recover(p: _Pass, faults: list[DetectedFault], start_time: datetime) -> Decision | None:
+    """Spend the cheapest budget that can fix the faults, or fail the job."""
+    ft = p.spec.fault_tolerance
+    nodes_at_fault = {f.node_index for f in faults if f.node_index is not None}
+    whole_job = (
+        ft.restart_strategy == "FullRestart"
+        or any(f.whole_job for f in faults)
+        or len(nodes_at_fault) >= p.spec.nodes
+    )
+    if not whole_job:
+        budget = ft.rank_restart_budget
+        window_start = p.now - timedelta(seconds=budget.window_seconds)
+        spent = restarts_within(p.incidents, RecoveryAction.RANK_RESTART, window_start)
+        if spent + len(faults) <= budget.max:
+            for fault in faults:
+                restart_rank(p, fault)
+            return None
+        p.event("Warning", "RankRestartBudgetSpent",
+                f"rankRestartBudget ({budget.max} per {budget.window_seconds} s) is spent: "
+                "restarting every pod")
+    budget_full = ft.full_restart_budget
+    window_start = p.now - timedelta(seconds=budget_full.window_seconds)
+    spent_full = restarts_within(p.incidents, RecoveryAction.FULL_RESTART, window_start)
+    first = faults[0]
+    summary = "; ".join(f.message for f in faults)
+    if spent_full >= budget_full.max:
+        p.add_incident(first, RecoveryAction.FAIL, summary)
+        return fail(
+            p, Reason.BUDGET,
+            f"fullRestartBudget ({budget_full.max} per {budget_full.window_seconds} s) is spent; "
+            f"last fault: {summary}",
+            start_time,
+        )
+    restart_everything(p, first, summary)
+    return None
+
+
+def _restarts_of(p: _Pass, index: int) -> int:
+    previous = p.ranks.get(index) or p.prev_ranks.get(index)
+    return (previous.restarts or 0) if previous else 0
+
+
+def restart_rank(p: _Pass, fault: DetectedFault) -> None:
+    """Replace the pod of one node index (RankRestart)."""
+    assert fault.node_index is not None
+    index = fault.node_index
+    pod = p.observed.trainer_pods.get(index)
+    p.add_incident(fault, RecoveryAction.RANK_RESTART)
+    p.restarts.rank += 1
+    p.rank(index, state=RankState.RESTARTING, restarts=_restarts_of(p, index) + 1)
+    p.event("Warning", RecoveryAction.RANK_RESTART,
+            f"Replacing the pod of node {index} ({fault.cause}): {fault.message}")
+    if pod is not None:
+        p.delete_pod(pod, f"{fault.cause}: replacing it")
+
+
+def restart_everything(p: _Pass, fault: DetectedFault, summary: str) -> None:
+    """Delete every trainer pod and the rendezvous pod (FullRestart); rule 8 starts them again
+    once every one is gone."""
+    p.add_incident(fault, RecoveryAction.FULL_RESTART, summary)
+    p.restarts.full += 1
+    p.event("Warning", RecoveryAction.FULL_RESTART,
+            f"Restarting every pod ({fault.cause}): {summary}")
+    for index in range(p.spec.nodes):
+        p.rank(index, state=RankState.RESTARTING, restarts=_restarts_of(p, index) + 1)
+        pod = p.observed.trainer_pods.get(index)
+        if pod is not None:
+            p.delete_pod(pod, f"full restart ({fault.cause})")
+    if p.observed.rendezvous_pod is not None:
+        p.delete_pod(p.observed.rendezvous_pod, f"full restart ({fault.cause})")
+
+
+def fail(
+    p: _Pass, reason: Reason, message: str, start_time: datetime,
+    failed_index: int | None = None,
+) -> Decision:
+    """The job failed: stop every pod, keep the record."""
+    for index, pod in p.observed.trainer_pods.items():
+        if not pod.terminated:
+            p.delete_pod(pod, "the job failed")
+        p.rank(index, pod=pod.name, node=pod.node_name, attempt=pod.attempt,
+               state=RankState.FAILED if index == failed_index or pod.phase == "Failed" else
+               (RankState.SUCCEEDED if pod.phase == "Succeeded" else RankState.FAILED))
+    if p.observed.rendezvous_pod is not None:
+        p.delete_pod(p.observed.rendezvous_pod, "the job failed")
+    p.event("Warning", reason, f"Failed: {message}")
+    written = status.build(
+        p, state=JobState.FAILED, reason=reason, message=f"The job failed: {message}",
+        conditions={ConditionType.FAILED: True}, start_time=start_time, ready_nodes=0,
+        completion_time=p.now,
+    )
+    return status.decision(p, written)

@@ -1,0 +1,180 @@
+"""The working state of one decision: what a pass has seen and decided so far (`_Pass`), what it
+hands to the next pass (`Memory`), what it returns (`Decision`) and the faults it found.
+
+Every rule module takes the one `_Pass` of the call (`p`) and records into it; only `decide`
+(in `__init__.py`) creates one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from rtj_operator.api.models import ResilientTrainingJob
+from rtj_operator.api.status import (
+    Incident,
+    IncidentCause,
+    RankStatus,
+    RecoveryAction,
+    ResilientTrainingJobStatus,
+    RestartCounts,
+)
+from rtj_operator.config import OperatorSettings
+from rtj_operator.intents import Action, CreateObject, DeletePod, Manifest, PostEvent
+from rtj_operator.views import Observed, PodView, RankLiveness
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What a pass hands to the next one besides the status on the object."""
+
+    status: ResilientTrainingJobStatus | None = None
+    """The status the previous pass decided (the object's may lag behind by a watch event)."""
+    progress_step: int | None = None
+    """The job's step (slowest rank) when last seen advancing."""
+    progress_since: datetime | None = None
+    """When the job's step last advanced."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one pass does, the Events that explain it and the status it writes."""
+
+    actions: list[Action]
+    """Changes to the cluster, in the order they are applied."""
+    events: list[PostEvent]
+    """One Event per decision, posted after the status is written."""
+    status: ResilientTrainingJobStatus
+    """The job's complete new status. A field set to None on purpose (startTime while
+    suspended) is removed from the object; see `reconcile.api_status`."""
+    incidents: list[Incident]
+    """The incidents this pass opened (also in `status`): what the restart metric counts."""
+    memory: Memory
+
+    def of_type(self, kind: type) -> list[Any]:
+        """The actions of one type, in order (handy for tests)."""
+        return [a for a in self.actions if isinstance(a, kind)]
+
+
+@dataclass(frozen=True)
+class DetectedFault:
+    """One fault the operator found in this pass (not a fault injected into a trainer)."""
+
+    cause: IncidentCause
+    node_index: int | None
+    detected: datetime
+    message: str
+    whole_job: bool = False
+    """Only a restart of every pod can fix it (the rendezvous is lost, every pod failed)."""
+
+
+def iso(moment: datetime) -> str:
+    """A time as status and messages show it: UTC, whole seconds."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def whole_second(moment: datetime) -> datetime:
+    """A time as status stores it (UTC, whole seconds: what `iso` shows)."""
+    return moment.astimezone(UTC).replace(microsecond=0)
+
+
+def from_unix(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def restarts_within(
+    incidents: Sequence[Incident], action: RecoveryAction, since: datetime
+) -> int:
+    """How many restarts of a kind the job spent since `since` (the budget window)."""
+    return sum(
+        1 for i in incidents
+        if i.action == action and i.acted_time is not None and i.acted_time >= since
+    )
+
+
+class _Pass:
+    """The working state of one call to `decide`: what it has seen and decided so far."""
+
+    def __init__(
+        self,
+        *,
+        job: ResilientTrainingJob,
+        observed: Observed,
+        liveness: RankLiveness,
+        now: datetime,
+        memory: Memory,
+        settings: OperatorSettings,
+    ) -> None:
+        self.job = job
+        self.spec = job.spec
+        self.observed = observed
+        self.liveness = liveness
+        self.now = now
+        self.memory = memory
+        self.settings = settings
+        if memory.status is not None:
+            self.prev = memory.status
+        else:
+            self.prev = job.status or ResilientTrainingJobStatus()
+        self.actions: list[Action] = []
+        self.events: list[PostEvent] = []
+        self.incidents: list[Incident] = list(self.prev.incidents)
+        self.opened: list[Incident] = []
+        self.prev_ranks = {r.node_index: r for r in self.prev.ranks}
+        self.ranks: dict[int, RankStatus] = {}
+        prev_restarts = self.prev.restarts or RestartCounts()
+        self.restarts = prev_restarts.model_copy()
+        self.rendezvous_being_created = False
+        self.progress_step = memory.progress_step
+        self.progress_since = memory.progress_since
+
+    # -- recording ---------------------------------------------------------------------------
+
+    def event(self, kind: Literal["Normal", "Warning"], reason: str, message: str) -> None:
+        self.events.append(PostEvent(kind, reason, message))
+
+    def create(self, manifest: Manifest, why: str) -> None:
+        self.actions.append(CreateObject(manifest))
+        self.event(
+            "Normal", "Created",
+            f"Created {manifest['kind']} {manifest['metadata']['name']}: {why}",
+        )
+
+    def delete_pod(self, pod: PodView, why: str) -> None:
+        if pod.deleting:
+            return
+        self.actions.append(DeletePod(pod.name, pod.uid))
+        self.event("Normal", "DeletedPod", f"Deleted pod {pod.name}: {why}")
+
+    def add_incident(
+        self, fault: DetectedFault, action: RecoveryAction, message: str | None = None
+    ) -> None:
+        incident = Incident(
+            cause=fault.cause,
+            node_index=fault.node_index,
+            detected_time=fault.detected,
+            acted_time=self.now,
+            action=action,
+            message=(message or fault.message)[:1024],
+        )
+        self.incidents.append(incident)
+        self.opened.append(incident)
+
+    # -- ranks -------------------------------------------------------------------------------
+
+    def rank(self, index: int, **changes: Any) -> RankStatus:
+        """Set fields of ranks[index] (starting from what the previous pass wrote)."""
+        current = self.ranks.get(index) or self.prev_ranks.get(index) or RankStatus(
+            node_index=index, restarts=0
+        )
+        updated = current.model_copy(update=changes)
+        self.ranks[index] = updated
+        return updated
+
+    def next_attempt(self, index: int) -> int:
+        current = self.ranks.get(index) or self.prev_ranks.get(index)
+        if current is None or current.attempt is None:
+            return 0
+        return current.attempt + 1

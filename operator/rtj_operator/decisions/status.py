@@ -1,0 +1,249 @@
+"""The status a pass writes: conditions, incidents (opened, closed, bounded), the ranks'
+restarts inside the pods, training progress and goodput, all as a `ResilientTrainingJobStatus`.
+
+The status is also the decision's memory: ranks, restart counters and incidents with their times
+are what the next pass starts from (see `state.Memory`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from rtj_operator.api.status import (
+    MAX_INCIDENTS,
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    Incident,
+    IncidentCause,
+    JobState,
+    LastCheckpoint,
+    RankState,
+    Reason,
+    RecoveryAction,
+    ResilientTrainingJobStatus,
+)
+from rtj_operator.decisions.state import (
+    Decision,
+    DetectedFault,
+    Memory,
+    _Pass,
+    from_unix,
+    whole_second,
+)
+
+OPERATOR_ACTIONS = (RecoveryAction.RANK_RESTART, RecoveryAction.FULL_RESTART)
+"""Recoveries the operator runs itself; it times them from detection to recovery. Restarts
+inside the pods (ft_launcher, in-process) are only seen afterwards, in the trainers' counters."""
+
+
+# --- incidents ----------------------------------------------------------------------------------
+
+
+def is_open(incident: Incident) -> bool:
+    return incident.recovered_time is None and incident.action in OPERATOR_ACTIONS
+
+
+def recover_incidents(p: _Pass) -> None:
+    """Close the incidents that are still open: training makes progress again."""
+    for n, incident in enumerate(p.incidents):
+        if is_open(incident):
+            seconds = max(0.0, (p.now - incident.detected_time).total_seconds())
+            p.incidents[n] = incident.model_copy(
+                update={"recovered_time": p.now, "seconds": round(seconds, 1)}
+            )
+
+
+def _worker_restart_incidents(p: _Pass) -> None:
+    """Restarts that happened inside the pods (ft_launcher, NVRx in-process), seen through the
+    trainers' `rtj_trainer_restarts_total{kind}` counters."""
+    seen: dict[str, int] = {}
+    for node in p.liveness.values():
+        for sample in node.samples:
+            for kind, count in sample.restarts.items():
+                seen[kind] = max(seen.get(kind, 0), int(count))
+    for kind, action, attribute in (
+        ("launcher", RecoveryAction.LAUNCHER_RESTART, "launcher"),
+        ("inprocess", RecoveryAction.IN_PROCESS_RESTART, "in_process"),
+    ):
+        before = getattr(p.restarts, attribute)
+        after = seen.get(kind, before)
+        if after > before:
+            setattr(p.restarts, attribute, after)
+            fault = DetectedFault(IncidentCause.WORKER_RESTART, None, p.now,
+                                  f"{after - before} {kind} restart(s) of the workers inside "
+                                  "the pods")
+            p.add_incident(fault, action)
+            p.event("Normal", action, f"The trainers report {fault.message}")
+
+
+def _bounded(incidents: list[Incident]) -> list[Incident]:
+    """The newest MAX_INCIDENTS incidents, dropping restarts inside the pods first: the
+    operator's own restarts are what the restart budgets count."""
+    kept = list(incidents)
+    while len(kept) > MAX_INCIDENTS:
+        in_pod = next((n for n, i in enumerate(kept) if i.action not in OPERATOR_ACTIONS), None)
+        kept.pop(in_pod if in_pod is not None else 0)
+    return kept
+
+
+# --- a job that runs ----------------------------------------------------------------------------
+
+
+def running(p: _Pass, start_time: datetime) -> Decision:
+    """The status of a job that is starting, running or recovering (nothing ended it)."""
+    _worker_restart_incidents(p)
+    ready = sum(1 for i in range(p.spec.nodes) if p.ranks[i].state == RankState.RUNNING)
+    all_ready = ready == p.spec.nodes
+    recovering = any(is_open(i) for i in p.incidents)
+    if all_ready:
+        recover_incidents(p)
+        recovering = False
+    reason: Reason | RecoveryAction
+    if all_ready:
+        state, reason, message = JobState.RUNNING, Reason.RUNNING, "Every rank sends heartbeats."
+    elif recovering:
+        open_incident = next(i for i in reversed(p.incidents) if is_open(i))
+        state, reason = JobState.RECOVERING, open_incident.action or RecoveryAction.RANK_RESTART
+        message = f"Recovering from {open_incident.cause}: {open_incident.message}"
+    elif all(p.ranks[i].state in (RankState.STARTING, RankState.RUNNING)
+             for i in range(p.spec.nodes)):
+        state, reason = JobState.PENDING, Reason.STARTING
+        message = "Waiting for every rank's heartbeat."
+    else:
+        state, reason = JobState.PENDING, Reason.CREATING
+        message = "Creating and starting the pods."
+    if state != p.prev.state:
+        p.event("Normal", state, message)
+    written = build(
+        p, state=state, reason=reason, message=message,
+        conditions={ConditionType.RUNNING: all_ready, ConditionType.READY: all_ready,
+                    ConditionType.RECOVERING: recovering},
+        start_time=start_time, ready_nodes=ready,
+    )
+    return decision(p, written)
+
+
+# --- the status ---------------------------------------------------------------------------------
+
+
+def _training_progress(p: _Pass) -> dict[str, Any]:
+    """step, last_checkpoint and goodput from the scraped metrics (kept when nothing answered);
+    a field nothing is known about is left out."""
+    result: dict[str, Any] = {}
+    steps = [p.ranks[i].step for i in range(p.spec.nodes) if i in p.ranks]
+    if steps and all(s is not None for s in steps):
+        result["step"] = min(s for s in steps if s is not None)
+    elif p.prev.step is not None:
+        result["step"] = p.prev.step
+    best = p.prev.last_checkpoint
+    best_step = best.step if best is not None else -1
+    best_time = best.time if best is not None else None
+    goodput: float | None = None
+    for index, node in sorted(p.liveness.items()):
+        for sample in node.samples:
+            if sample.committed_step is not None and sample.committed_step > best_step:
+                best_step = sample.committed_step
+                best_time = (from_unix(sample.committed_time)
+                             if sample.committed_time else None)
+            if sample.goodput_ratio is not None and (
+                sample.rank == 0 or (index == 0 and sample.local_rank == 0)
+            ):
+                goodput = sample.goodput_ratio
+    if best_step >= 0 and result.get("step", best_step) < best_step:
+        # Restarted workers report step 0 until they have loaded the checkpoint; training
+        # never resumes from before the newest committed checkpoint.
+        result["step"] = best_step
+    if best_step >= 0:
+        result["last_checkpoint"] = LastCheckpoint(
+            step=best_step, time=whole_second(best_time) if best_time is not None else None
+        )
+    if goodput is not None:
+        result["goodput"] = f"{min(100.0, max(0.0, goodput * 100)):.1f}%"
+    elif p.prev.goodput is not None:
+        result["goodput"] = p.prev.goodput
+    return result
+
+
+def _conditions(
+    p: _Pass, truths: dict[ConditionType, bool], reason: str, message: str
+) -> list[Condition]:
+    """All six condition types; lastTransitionTime moves only when a status flips."""
+    previous = {c.type: c for c in p.prev.conditions}
+    result = []
+    for kind in ConditionType:
+        status: ConditionStatus = "True" if truths.get(kind, False) else "False"
+        before = previous.get(kind)
+        moved = before is None or before.status != status
+        result.append(Condition(
+            type=kind,
+            status=status,
+            observed_generation=p.job.metadata.generation,
+            last_transition_time=p.now if moved or before is None else before.last_transition_time,
+            reason=reason,
+            message=message if status == "True" else "",
+        ))
+    return result
+
+
+def build(
+    p: _Pass,
+    *,
+    state: JobState,
+    reason: Reason | RecoveryAction,
+    message: str,
+    conditions: dict[ConditionType, bool],
+    start_time: datetime | None,
+    ready_nodes: int,
+    completion_time: datetime | None = None,
+) -> ResilientTrainingJobStatus:
+    """The complete status of this pass. Only the fields it knows are set: one left out keeps
+    its value on the object (the status is written as a merge patch)."""
+    for index in range(p.spec.nodes):
+        p.rank(index)  # make sure every node index has an entry
+    restarts = p.restarts.model_copy(update={
+        "total": p.restarts.rank + p.restarts.full + p.restarts.launcher + p.restarts.in_process
+    })
+    fields: dict[str, Any] = {
+        "observed_generation": p.job.metadata.generation,
+        "conditions": _conditions(p, conditions, reason, message),
+        "state": state,
+        "reason": reason,
+        "message": message[:32768],
+        "nodes_ready": ready_nodes,
+        "nodes_desired": p.spec.nodes,
+        "nodes": f"{ready_nodes}/{p.spec.nodes}",
+        "restarts": restarts,
+        "ranks": [p.ranks[i] for i in range(p.spec.nodes)],
+        "incidents": _bounded(p.incidents),
+        **_training_progress(p),
+    }
+    if start_time is not None:
+        fields["start_time"] = whole_second(start_time)
+    completion = completion_time or p.prev.completion_time
+    if completion is not None:
+        fields["completion_time"] = whole_second(completion)
+    return ResilientTrainingJobStatus(**fields)
+
+
+def decision(p: _Pass, status: ResilientTrainingJobStatus) -> Decision:
+    memory = Memory(status=status, progress_step=p.progress_step,
+                    progress_since=p.progress_since)
+    return Decision(actions=p.actions, events=p.events, status=status, incidents=p.opened,
+                    memory=memory)
+
+
+def invalid_spec(generation: int | None, message: str, now: datetime) -> ResilientTrainingJobStatus:
+    """Status of a job whose spec the operator cannot parse (the CRD normally prevents it)."""
+    condition = Condition(
+        type=ConditionType.FAILED, status="True", observed_generation=generation,
+        last_transition_time=now, reason=Reason.INVALID, message=message[:32768],
+    )
+    return ResilientTrainingJobStatus(
+        observed_generation=generation,
+        state=JobState.FAILED,
+        reason=Reason.INVALID,
+        message=message[:32768],
+        conditions=[condition],
+    )

@@ -1,0 +1,64 @@
+"""What a reconcile pass wants done, as plain frozen records: the vocabulary between the brain
+(`decisions`, which only decides) and the hands (`actions`, which applies through the API).
+
+Keeping them here lets `actions.py` depend on the intents alone, never on the decision rules, and
+gives the operator one `Manifest` alias for a Kubernetes object as a JSON-like dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Manifest = dict[str, Any]
+"""A Kubernetes object (or part of one) as a camelCase JSON-like dict."""
+
+
+@dataclass(frozen=True)
+class CreateObject:
+    """Create a child object (Pod, Service, PersistentVolumeClaim); an existing one is kept."""
+
+    manifest: Manifest
+
+    @property
+    def kind(self) -> str:
+        return str(self.manifest["kind"])
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest["metadata"]["name"])
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    """Delete a pod, but only the incarnation with this UID (never its replacement)."""
+
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class SetClaimOwner:
+    """Make the job own the claim (`owner` set) or release it (`owner` None, Retain)."""
+
+    name: str
+    owner: Manifest | None
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """Delete the job itself (ttlSecondsAfterFinished)."""
+
+
+Action = CreateObject | DeletePod | SetClaimOwner | DeleteJob
+"""A change to the cluster, applied by `actions.apply` in order."""
+
+
+@dataclass(frozen=True)
+class PostEvent:
+    """A Kubernetes Event on the job: one for every decision. Posted by the handler (through
+    kopf) after the status is written, never by `actions`."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str

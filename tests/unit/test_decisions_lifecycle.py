@@ -1,0 +1,222 @@
+"""Rules 1-6 and 8 (`decisions/lifecycle.py`): creating what is missing, suspend and resume,
+the deadline, exit codes that must not be retried, completion and finished jobs.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from rtj_operator.api.status import Reason
+from rtj_operator.intents import CreateObject, DeleteJob, DeletePod, SetClaimOwner
+from rtj_operator.views import ClaimView
+from unit.decisions_builders import (
+    T0,
+    Outcome,
+    beats,
+    condition,
+    created,
+    decide,
+    deleted,
+    events,
+    job,
+    rendezvous,
+    running,
+    running_world,
+    then,
+    trainer,
+    world,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_new_job_gets_services_a_rendezvous_pod_and_every_trainer_pod() -> None:
+    decision = decide(job(), world(services=False))
+    assert created(decision) == [
+        "Service/tiny", "Service/tiny-rdzv", "Pod/tiny-rdzv", "Pod/tiny-0", "Pod/tiny-1",
+    ]
+    pod = decision.of_type(CreateObject)[3].manifest
+    assert pod["metadata"]["labels"]["training.resilient.dev/attempt"] == "0"
+    assert decision.status["state"] == "Pending"
+    assert decision.status["nodes"] == "0/2"
+    assert [r["state"] for r in decision.status["ranks"]] == ["Pending", "Pending"]
+    assert decision.status["startTime"] == "2026-11-29T12:00:00Z"
+    assert events(decision).count("Created") == 5
+
+
+def test_a_dynamic_checkpoint_volume_becomes_a_claim_owned_by_the_job() -> None:
+    j = job(checkpoint={"storageClassName": "fsx", "size": "100Gi"})
+    decision = decide(j, world())
+    claim = next(a for a in decision.of_type(CreateObject) if a.kind == "PersistentVolumeClaim")
+    assert claim.name == "tiny-checkpoints"
+    assert claim.manifest["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim.manifest["spec"]["storageClassName"] == "fsx"
+    assert claim.manifest["metadata"]["ownerReferences"][0]["uid"] == "job-uid"
+
+
+def test_a_claim_with_retain_policy_is_released_from_the_job() -> None:
+    j = job(checkpoint={"storageClassName": "fsx", "size": "100Gi",
+                        "claimDeletePolicy": "Retain"})
+    decision = decide(j, world(claim=ClaimView(name="tiny-checkpoints", owned_by_job=True)))
+    assert decision.of_type(SetClaimOwner) == [SetClaimOwner("tiny-checkpoints", None)]
+    assert "ClaimDeletePolicy" in events(decision)
+
+
+def test_an_existing_claim_is_never_created() -> None:
+    decision = decide(job(), world())
+    assert not [a for a in decision.of_type(CreateObject) if a.kind != "Pod"]
+
+
+def test_pods_that_exist_are_not_created_again() -> None:
+    j = job()
+    first = decide(j, world())
+    second = then(first, j, world(trainer(0, "Pending"), trainer(1, "Pending"),
+                                  rdzv=rendezvous("Pending")))
+    assert second.actions == []
+    assert second.events == []  # events were part of actions
+    assert second.status["state"] == "Pending"
+    assert second.status["reason"] == Reason.CREATING
+
+
+@pytest.mark.parametrize("code", [93, 42])
+def test_a_non_retryable_exit_code_fails_the_job(code: int) -> None:
+    j = job(faultTolerance={"nonRetryableExitCodes": [42]})
+    one = running(j)
+    two = then(one, j, world(trainer(0), trainer(1, "Failed", exit_code=code),
+                             rdzv=rendezvous()), now=T0 + timedelta(seconds=60))
+    assert two.status["state"] == "Failed"
+    assert two.status["reason"] == Reason.NON_RETRYABLE
+    assert f"exited with code {code}" in two.status["message"]
+    assert sorted(deleted(two)) == ["tiny-0", "tiny-rdzv"]
+    assert "NonRetryableExitCode" in events(two)
+
+
+def test_a_retryable_exit_code_is_restarted() -> None:
+    j = job(faultTolerance={"nonRetryableExitCodes": [42]})
+    one = running(j)
+    two = then(one, j, world(trainer(0), trainer(1, "Failed", exit_code=1), rdzv=rendezvous()),
+               now=T0 + timedelta(seconds=60))
+    assert two.status["state"] == "Recovering"
+
+
+def test_every_pod_exiting_zero_is_success() -> None:
+    j = job()
+    one = running(j)
+    done = world(trainer(0, "Succeeded", exit_code=0), trainer(1, "Succeeded", exit_code=0),
+                 rdzv=rendezvous())
+    two = then(one, j, done, now=T0 + timedelta(seconds=90))
+    assert two.status["state"] == "Succeeded"
+    assert two.status["completionTime"] == "2026-11-29T12:01:30Z"
+    assert condition(two, "Succeeded")["status"] == "True"
+    assert condition(two, "Ready")["status"] == "True"
+    assert deleted(two) == ["tiny-rdzv"]
+    assert [r["state"] for r in two.status["ranks"]] == ["Succeeded", "Succeeded"]
+
+
+def test_success_reports_the_newest_step_seen() -> None:
+    j = job()
+    one = running(j)
+    last = T0 + timedelta(seconds=60)
+    two = then(one, j, running_world(), now=last, liveness=beats(last, step=79, committed=80))
+    done = world(trainer(0, "Succeeded", exit_code=0), trainer(1, "Succeeded", exit_code=0),
+                 rdzv=rendezvous())
+    three = then(two, j, done, now=last + timedelta(seconds=3))
+    assert three.status["step"] == 80
+    assert three.status["lastCheckpoint"]["step"] == 80
+
+
+def test_no_restart_once_a_pod_has_succeeded() -> None:
+    j = job()
+    one = running(j)
+    half = world(trainer(0, "Succeeded", exit_code=0), trainer(1), rdzv=rendezvous())
+    two = then(one, j, half, now=T0 + timedelta(seconds=90))
+    assert two.actions == [] or not two.of_type(DeletePod)
+    assert two.status["state"] != "Succeeded"
+
+
+def test_success_next_to_a_failure_is_a_partial_completion() -> None:
+    j = job()
+    one = running(j)
+    mixed = world(trainer(0, "Succeeded", exit_code=0), trainer(1, "Failed", exit_code=1),
+                  rdzv=rendezvous())
+    two = then(one, j, mixed, now=T0 + timedelta(seconds=90))
+    assert two.status["state"] == "Failed"
+    assert two.status["reason"] == Reason.PARTIAL
+
+
+def test_the_deadline_fails_the_job() -> None:
+    j = job(activeDeadlineSeconds=100)
+    one = running(j)
+    two = then(one, j, running_world(), now=T0 + timedelta(seconds=100))
+    assert two.status["state"] == "Failed"
+    assert two.status["reason"] == Reason.DEADLINE
+    assert sorted(deleted(two)) == ["tiny-0", "tiny-1", "tiny-rdzv"]
+
+
+def _finished(j: Any, state: str, completion: datetime) -> Outcome:
+    status = {"state": state, "completionTime": completion.strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "ranks": [], "conditions": []}
+    return decide(job(status=status, **j), world(trainer(0, "Succeeded", exit_code=0),
+                                                 trainer(1, "Succeeded", exit_code=0)),
+                  now=completion + timedelta(seconds=50))
+
+
+def test_a_finished_job_is_deleted_after_its_ttl() -> None:
+    assert _finished({"ttlSecondsAfterFinished": 60}, "Succeeded", T0).actions == []
+    assert _finished({"ttlSecondsAfterFinished": 60}, "Succeeded", T0).events == []
+    late = _finished({"ttlSecondsAfterFinished": 30}, "Succeeded", T0)
+    assert late.of_type(DeleteJob) == [DeleteJob()]
+    assert "Deleted" in events(late)
+
+
+def test_a_finished_job_without_ttl_is_kept() -> None:
+    assert _finished({}, "Failed", T0 - timedelta(days=3)).actions == []
+    assert _finished({}, "Failed", T0 - timedelta(days=3)).events == []
+
+
+def test_a_failed_job_stops_pods_that_still_run() -> None:
+    j = job(status={"state": "Failed", "completionTime": "2026-11-29T12:00:00Z"})
+    decision = decide(j, running_world())
+    assert sorted(deleted(decision)) == ["tiny-0", "tiny-1", "tiny-rdzv"]
+    assert decision.status["state"] == "Failed"
+
+
+def test_suspend_deletes_the_pods_and_keeps_services_and_claim() -> None:
+    j = job()
+    one = running(j)
+    suspended = job(suspend=True)
+    two = then(one, suspended, running_world(), now=T0 + timedelta(seconds=60))
+    assert sorted(deleted(two)) == ["tiny-0", "tiny-1", "tiny-rdzv"]
+    assert created(two) == []
+    assert two.status["state"] == "Suspended"
+    assert two.status["startTime"] is None
+    assert condition(two, "Suspended")["status"] == "True"
+    assert condition(two, "Running")["status"] == "False"
+    assert [r["state"] for r in two.status["ranks"]] == ["Suspended", "Suspended"]
+    three = then(two, suspended, world(), now=T0 + timedelta(seconds=70))
+    assert three.actions == []
+    assert three.events == []  # events were part of actions
+
+
+def test_resume_recreates_every_pod_with_the_next_attempt() -> None:
+    j = job()
+    one = running(j)
+    two = then(one, job(suspend=True), running_world(), now=T0 + timedelta(seconds=60))
+    three = then(two, job(suspend=True), world(), now=T0 + timedelta(seconds=70))
+    resumed = then(three, j, world(), now=T0 + timedelta(seconds=80))
+    assert created(resumed) == ["Pod/tiny-rdzv", "Pod/tiny-0", "Pod/tiny-1"]
+    assert [r["attempt"] for r in resumed.status["ranks"]] == [1, 1]
+    assert resumed.status["startTime"] == "2026-11-29T12:01:20Z"
+    assert resumed.status["incidents"] == []
+    assert resumed.status["restarts"]["total"] == 0
+
+
+def test_resume_waits_for_suspended_pods_to_finish_terminating() -> None:
+    j = job()
+    one = running(j)
+    two = then(one, job(suspend=True), running_world(), now=T0 + timedelta(seconds=60))
+    resumed = then(two, j, world(trainer(0, deleting=True), rdzv=rendezvous(deleting=True)),
+                   now=T0 + timedelta(seconds=62))
+    assert not resumed.of_type(CreateObject) and not resumed.of_type(DeletePod)

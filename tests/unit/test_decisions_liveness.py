@@ -1,0 +1,159 @@
+"""Rule 7, finding faults (`decisions/liveness.py`): ranks from the pods and the scrapes,
+heartbeat and progress timeouts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from rtj_operator.api.status import IncidentCause, Reason
+from rtj_operator.decisions.liveness import completed_step, oldest_heartbeat
+from rtj_operator.intents import DeletePod
+from rtj_operator.views import NodeLiveness, RankSample
+from unit.decisions_builders import (
+    T0,
+    beats,
+    condition,
+    decide,
+    deleted,
+    events,
+    job,
+    rendezvous,
+    running,
+    running_world,
+    then,
+    trainer,
+    world,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_running_pods_without_heartbeats_wait_for_them() -> None:
+    j = job()
+    first = decide(j, world())
+    second = then(first, j, running_world(), now=T0 + timedelta(seconds=10))
+    assert [r["state"] for r in second.status["ranks"]] == ["Starting", "Starting"]
+    assert second.status["reason"] == Reason.STARTING
+    assert condition(second, "Ready")["status"] == "False"
+
+
+def test_a_job_is_running_once_every_rank_heartbeats() -> None:
+    now = T0 + timedelta(seconds=30)
+    first = decide(job(), world())
+    decision = then(first, job(), running_world(), now=now,
+                    liveness=beats(now, step=42, committed=40, goodput=0.931))
+    status = decision.status
+    assert status["state"] == "Running"
+    assert status["nodes"] == "2/2" and status["nodesReady"] == 2
+    assert status["step"] == 42
+    assert status["lastCheckpoint"] == {"step": 40, "time": "2026-11-29T12:00:30Z"}
+    assert status["goodput"] == "93.1%"
+    assert condition(decision, "Running")["status"] == "True"
+    assert condition(decision, "Ready")["status"] == "True"
+    assert condition(decision, "Ready")["observedGeneration"] == 3
+    assert [r["state"] for r in status["ranks"]] == ["Running", "Running"]
+    assert status["ranks"][1]["node"] == "node-1"
+    assert "Running" in events(decision)
+
+
+def test_a_rank_missing_one_local_rank_is_not_ready() -> None:
+    now = T0 + timedelta(seconds=30)
+    live = beats(now)
+    live[1] = replace(live[1], samples=live[1].samples[:1])
+    first = decide(job(), world())
+    decision = then(first, job(), running_world(), now=now, liveness=live)
+    assert decision.status["nodes"] == "1/2"
+    assert decision.status["state"] == "Pending"
+
+
+def test_a_rank_without_heartbeat_past_both_timeouts_is_replaced() -> None:
+    j = job()
+    one = running(j)  # heartbeats at T0+30
+    now = T0 + timedelta(seconds=30 + 20 + 60 + 1)
+    live = beats(now)
+    live[1] = beats(T0 + timedelta(seconds=30))[1]  # node 1 stuck at its old heartbeat
+    two = then(one, j, running_world(), now=now, liveness=live)
+    assert deleted(two) == ["tiny-1"]
+    assert two.status["incidents"][-1]["cause"] == IncidentCause.HEARTBEAT_TIMEOUT
+
+
+def test_a_stale_heartbeat_within_the_launcher_grace_is_left_to_ft_launcher() -> None:
+    j = job()
+    one = running(j)
+    now = T0 + timedelta(seconds=30 + 70)
+    live = beats(now)
+    live[1] = beats(T0 + timedelta(seconds=30))[1]
+    two = then(one, j, running_world(), now=now, liveness=live)
+    assert two.of_type(DeletePod) == []
+    assert two.status["nodes"] == "1/2"
+
+
+def test_an_unreachable_rank_keeps_its_last_heartbeat_and_times_out() -> None:
+    j = job()
+    one = running(j)
+    now = T0 + timedelta(seconds=30 + 81)
+    live = beats(now)
+    del live[0]  # node 0's endpoints do not answer any more
+    two = then(one, j, running_world(), now=now, liveness=live)
+    assert deleted(two) == ["tiny-0"]
+
+
+def test_a_pod_that_never_heartbeats_times_out_after_start() -> None:
+    j = job()
+    first = decide(j, world())
+    two = then(first, j, running_world(), now=T0 + timedelta(seconds=79))
+    assert two.of_type(DeletePod) == []
+    three = then(two, j, running_world(), now=T0 + timedelta(seconds=81))
+    assert sorted(deleted(three)) == ["tiny-0", "tiny-1", "tiny-rdzv"]  # both: a full restart
+
+
+def test_no_hang_is_declared_while_a_pod_is_still_pending() -> None:
+    j = job()
+    first = decide(j, world())
+    pending = world(trainer(0), trainer(1, "Pending"), rdzv=rendezvous())
+    two = then(first, j, pending, now=T0 + timedelta(seconds=3000))
+    assert two.of_type(DeletePod) == []
+
+
+def test_a_stalled_step_restarts_the_job() -> None:
+    j = job()
+    one = running(j)  # step 10 at T0+30
+    mid = T0 + timedelta(seconds=100)
+    two = then(one, j, running_world(), now=mid, liveness=beats(mid, step=10))
+    assert two.of_type(DeletePod) == []
+    now = T0 + timedelta(seconds=30 + 121)
+    three = then(two, j, running_world(), now=now, liveness=beats(now, step=10))
+    assert sorted(deleted(three)) == ["tiny-0", "tiny-1", "tiny-rdzv"]
+    assert three.status["incidents"][-1]["cause"] == IncidentCause.PROGRESS_TIMEOUT
+
+
+def test_an_advancing_step_is_not_a_stall() -> None:
+    j = job()
+    one = running(j)
+    now = T0 + timedelta(seconds=30 + 121)
+    two = then(one, j, running_world(), now=now, liveness=beats(now, step=11))
+    assert two.of_type(DeletePod) == []
+
+
+def test_a_single_lagging_node_is_replaced_alone_on_a_stall() -> None:
+    j = job()
+    one = running(j)
+    now = T0 + timedelta(seconds=30 + 121)
+    live = beats(now, step=12)
+    live[1] = beats(now, step=10)[1]
+    two = then(one, j, running_world(), now=now, liveness=live)
+    assert deleted(two) == ["tiny-1"]
+
+
+def test_a_node_is_known_only_when_every_rank_answered() -> None:
+    one = RankSample(local_rank=0, heartbeat=10.0, step=5)
+    two = RankSample(local_rank=1, heartbeat=12.0, step=4)
+    assert completed_step(
+        NodeLiveness(node_index=0, pod_uid="u", samples=(one, two), expected_ranks=2)) == 4
+    full = NodeLiveness(node_index=0, pod_uid="u", samples=(one, two), expected_ranks=2)
+    assert oldest_heartbeat(full) == 10.0
+    half = NodeLiveness(node_index=0, pod_uid="u", samples=(one,), expected_ranks=2)
+    assert oldest_heartbeat(half) is None and completed_step(half) is None

@@ -1,0 +1,195 @@
+"""Rule 7, recovering (`decisions/recovery.py`): rank restarts, full restarts, their budgets,
+and failing the job when they are spent.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from rtj_operator.api.status import IncidentCause, Reason
+from rtj_operator.intents import CreateObject, DeletePod
+from unit.decisions_builders import (
+    T0,
+    beats,
+    condition,
+    created,
+    deleted,
+    events,
+    job,
+    rendezvous,
+    running,
+    then,
+    trainer,
+    world,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_failed_pod_is_replaced_alone() -> None:
+    j = job()
+    one = running(j)
+    now = T0 + timedelta(seconds=60)
+    failed = world(trainer(0), trainer(1, "Failed", exit_code=1), rdzv=rendezvous())
+    two = then(one, j, failed, now=now, liveness=beats(now, pods=failed))
+    assert two.of_type(DeletePod) == [DeletePod("tiny-1", "uid-1-0")]
+    assert created(two) == []
+    incident = two.status["incidents"][-1]
+    assert incident["cause"] == IncidentCause.POD_FAILED and incident["action"] == "RankRestart"
+    assert incident["nodeIndex"] == 1 and "exit code 1" in incident["message"]
+    assert two.status["restarts"]["rank"] == 1 and two.status["restarts"]["total"] == 1
+    assert two.status["ranks"][1]["state"] == "Restarting"
+    assert two.status["ranks"][1]["restarts"] == 1
+    assert two.status["state"] == "Recovering"
+    assert condition(two, "Recovering")["status"] == "True"
+    assert "RankRestart" in events(two)
+
+    # The pod is gone: the replacement is created with the next attempt; nothing else changes.
+    gone = world(trainer(0), rdzv=rendezvous())
+    three = then(two, j, gone, now=now + timedelta(seconds=3))
+    assert created(three) == ["Pod/tiny-1"]
+    pod = three.of_type(CreateObject)[0].manifest
+    assert pod["metadata"]["labels"]["training.resilient.dev/attempt"] == "1"
+    assert len(three.status["incidents"]) == 1
+    assert three.status["restarts"]["rank"] == 1
+
+    # Both run and heartbeat again: the incident is closed with its recovery time.
+    later = now + timedelta(seconds=20)
+    back = world(trainer(0), trainer(1, attempt=1, started=now + timedelta(seconds=4)),
+                 rdzv=rendezvous())
+    four = then(three, j, back, now=later, liveness=beats(later, pods=back))
+    closed = four.status["incidents"][-1]
+    assert closed["recoveredTime"] == "2026-11-29T12:01:20Z"
+    # Detected when the container ended (T0+30, its finishedAt), recovered at T0+80.
+    assert closed["detectedTime"] == "2026-11-29T12:00:30Z"
+    assert closed["seconds"] == 50.0
+    assert four.status["state"] == "Running"
+
+
+def test_a_pod_that_is_still_terminating_is_not_recreated_yet() -> None:
+    j = job()
+    one = running(j)
+    failed = world(trainer(0), trainer(1, "Failed", exit_code=1), rdzv=rendezvous())
+    two = then(one, j, failed, now=T0 + timedelta(seconds=60))
+    terminating = world(trainer(0), trainer(1, "Failed", exit_code=1, deleting=True),
+                        rdzv=rendezvous())
+    three = then(two, j, terminating, now=T0 + timedelta(seconds=62))
+    assert three.actions == []
+    assert three.events == []  # events were part of actions
+    assert three.status["ranks"][1]["state"] == "Restarting"
+
+
+def test_a_vanished_pod_is_recreated_at_once() -> None:
+    j = job()
+    one = running(j)
+    two = then(one, j, world(trainer(0), rdzv=rendezvous()), now=T0 + timedelta(seconds=60))
+    assert created(two) == ["Pod/tiny-1"]
+    assert two.status["incidents"][-1]["cause"] == IncidentCause.POD_VANISHED
+    assert two.status["ranks"][1]["attempt"] == 1
+
+
+def test_a_pod_deleted_by_someone_else_counts_as_a_fault() -> None:
+    j = job()
+    one = running(j)
+    observed = world(trainer(0), trainer(1, deleting=True), rdzv=rendezvous())
+    two = then(one, j, observed, now=T0 + timedelta(seconds=60))
+    assert two.of_type(DeletePod) == []
+    assert two.status["incidents"][-1]["cause"] == IncidentCause.POD_DELETED
+    assert two.status["ranks"][1]["state"] == "Restarting"
+
+
+def test_a_spent_rank_budget_escalates_to_a_full_restart() -> None:
+    j = job(faultTolerance={"rankRestartBudget": {"max": 1, "windowSeconds": 600}})
+    one = running(j)
+    two = then(one, j, world(trainer(0), rdzv=rendezvous()), now=T0 + timedelta(seconds=60))
+    assert two.status["restarts"]["rank"] == 1
+    three = then(two, j, world(trainer(0), trainer(1, "Failed", attempt=1, exit_code=1),
+                               rdzv=rendezvous()), now=T0 + timedelta(seconds=90))
+    assert sorted(deleted(three)) == ["tiny-0", "tiny-1", "tiny-rdzv"]
+    assert three.status["incidents"][-1]["action"] == "FullRestart"
+    assert three.status["restarts"]["full"] == 1
+    assert "RankRestartBudgetSpent" in events(three)
+    assert [r["state"] for r in three.status["ranks"]] == ["Restarting", "Restarting"]
+
+
+def test_rank_restarts_outside_the_window_do_not_count() -> None:
+    j = job(faultTolerance={"rankRestartBudget": {"max": 1, "windowSeconds": 60}})
+    one = running(j)
+    two = then(one, j, world(trainer(0), rdzv=rendezvous()), now=T0 + timedelta(seconds=60))
+    later = T0 + timedelta(seconds=200)
+    three = then(two, j, world(trainer(0), trainer(1, "Failed", attempt=1, exit_code=1),
+                               rdzv=rendezvous()), now=later)
+    assert deleted(three) == ["tiny-1"]
+    assert three.status["restarts"]["rank"] == 2
+
+
+def test_a_spent_full_restart_budget_fails_the_job() -> None:
+    j = job(faultTolerance={"restartStrategy": "FullRestart",
+                            "fullRestartBudget": {"max": 1, "windowSeconds": 600}})
+    one = running(j)
+    two = then(one, j, world(trainer(0), trainer(1, "Failed", exit_code=1), rdzv=rendezvous()),
+               now=T0 + timedelta(seconds=60))
+    assert two.status["restarts"]["full"] == 1
+    again = world(trainer(0, attempt=1), trainer(1, "Failed", attempt=1, exit_code=1),
+                  rdzv=rendezvous())
+    three = then(two, j, again, now=T0 + timedelta(seconds=120))
+    assert three.status["state"] == "Failed"
+    assert three.status["reason"] == Reason.BUDGET
+    assert three.status["completionTime"] == "2026-11-29T12:02:00Z"
+    assert condition(three, "Failed")["status"] == "True"
+    assert sorted(deleted(three)) == ["tiny-0", "tiny-rdzv"]
+    assert three.status["incidents"][-1]["action"] == "Fail"
+
+
+def test_full_restart_strategy_restarts_every_pod_on_any_fault() -> None:
+    j = job(faultTolerance={"restartStrategy": "FullRestart"})
+    one = running(j)
+    two = then(one, j, world(trainer(0), trainer(1, "Failed", exit_code=1), rdzv=rendezvous()),
+               now=T0 + timedelta(seconds=60))
+    assert sorted(deleted(two)) == ["tiny-0", "tiny-1", "tiny-rdzv"]
+    assert two.status["restarts"] == {"total": 1, "rank": 0, "full": 1, "launcher": 0,
+                                      "inProcess": 0}
+
+
+def test_a_full_restart_tears_everything_down_before_starting_again() -> None:
+    j = job(faultTolerance={"restartStrategy": "FullRestart"})
+    one = running(j)
+    two = then(one, j, world(trainer(0), trainer(1, "Failed", exit_code=1), rdzv=rendezvous()),
+               now=T0 + timedelta(seconds=60))
+    half = world(trainer(0, deleting=True))
+    three = then(two, j, half, now=T0 + timedelta(seconds=63))
+    assert three.actions == []
+    assert three.events == []  # events were part of actions
+    four = then(three, j, world(), now=T0 + timedelta(seconds=66))
+    assert created(four) == ["Pod/tiny-rdzv", "Pod/tiny-0", "Pod/tiny-1"]
+    attempts = [a.manifest["metadata"]["labels"]["training.resilient.dev/attempt"]
+                for a in four.of_type(CreateObject)[1:]]
+    assert attempts == ["1", "1"]
+
+
+def test_every_pod_failing_at_once_is_one_full_restart() -> None:
+    j = job()
+    one = running(j)
+    both = world(trainer(0, "Failed", exit_code=1), trainer(1, "Failed", exit_code=1),
+                 rdzv=rendezvous())
+    two = then(one, j, both, now=T0 + timedelta(seconds=60))
+    assert two.status["restarts"]["full"] == 1 and two.status["restarts"]["rank"] == 0
+    assert len(two.status["incidents"]) == 1
+
+
+def test_a_lost_rendezvous_pod_restarts_every_pod() -> None:
+    j = job()
+    one = running(j)
+    two = then(one, j, world(trainer(0), trainer(1)), now=T0 + timedelta(seconds=60))
+    assert sorted(deleted(two)) == ["tiny-0", "tiny-1"]
+    assert two.status["incidents"][-1]["cause"] == IncidentCause.RENDEZVOUS_LOST
+    assert created(two) == []
+
+
+def test_a_failed_rendezvous_pod_is_deleted_with_the_trainers() -> None:
+    j = job()
+    one = running(j)
+    two = then(one, j, world(trainer(0), trainer(1), rdzv=rendezvous("Failed")),
+               now=T0 + timedelta(seconds=60))
+    assert sorted(deleted(two)) == ["tiny-0", "tiny-1", "tiny-rdzv"]
