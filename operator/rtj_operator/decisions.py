@@ -1,9 +1,9 @@
 """The operator's brain: one pure function from what it sees to what it does.
 
-`decide(job, observed, liveness, now, memory, settings)` returns the actions of one reconcile
-pass (create or delete children, post Events, delete a finished job) and the job's complete new
-status. It reads no clock, no cluster and no network, so every rule below is pinned by the
-table-driven tests in tests/unit/test_operator_decisions.py.
+`decide(job, plan, observed, liveness, now, memory, settings)` returns the actions of one
+reconcile pass (create or delete children, post Events, delete a finished job) and the job's
+complete new status. It reads no clock, no cluster and no network, so every rule below is
+pinned by the table-driven tests in tests/unit/test_operator_decisions.py.
 
 The rules, in the order a pass applies them:
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from rtj_operator import builders, naming, profiles
+from rtj_operator import builders, naming
 from rtj_operator.api.models import (
     MAX_INCIDENTS,
     Condition,
@@ -54,6 +54,7 @@ from rtj_operator.api.models import (
     parse_status,
 )
 from rtj_operator.config import OperatorSettings
+from rtj_operator.podplan import PodPlan
 from rtj_operator.views import NodeLiveness, Observed, PodView, RankLiveness
 
 Manifest = dict[str, Any]
@@ -219,6 +220,7 @@ class _Pass:
         self,
         *,
         job: ResilientTrainingJob,
+        plan: PodPlan,
         observed: Observed,
         liveness: RankLiveness,
         now: datetime,
@@ -227,6 +229,7 @@ class _Pass:
     ) -> None:
         self.job = job
         self.spec = job.spec
+        self.plan = plan
         self.observed = observed
         self.liveness = liveness
         self.now = now
@@ -244,7 +247,6 @@ class _Pass:
         self.ranks: dict[int, RankStatus] = {}
         prev_restarts = self.prev.restarts or RestartCounts()
         self.restarts = prev_restarts.model_copy()
-        self.procs = profiles.resolve_profile(self.spec).procs_per_node
         self.rendezvous_being_created = False
         self.progress_step = memory.progress_step
         self.progress_since = memory.progress_since
@@ -307,6 +309,7 @@ class _Pass:
 def decide(
     *,
     job: ResilientTrainingJob,
+    plan: PodPlan,
     observed: Observed,
     liveness: RankLiveness,
     now: datetime,
@@ -314,7 +317,7 @@ def decide(
     settings: OperatorSettings,
 ) -> Decision:
     """The actions of one reconcile pass and the job's new status (see the module docstring)."""
-    p = _Pass(job=job, observed=observed, liveness=liveness, now=now, memory=memory,
+    p = _Pass(job=job, plan=plan, observed=observed, liveness=liveness, now=now, memory=memory,
               settings=settings)
     if p.prev.state in ("Succeeded", "Failed"):
         return _finished(p)
@@ -732,7 +735,7 @@ def _create_missing(p: _Pass) -> None:
         isinstance(a, DeletePod) for a in p.actions
     )
     if rendezvous is None and not terminating:
-        p.create(builders.rendezvous_pod(p.job, settings=p.settings),
+        p.create(builders.rendezvous_pod(p.job, plan=p.plan, settings=p.settings),
                  "nvrx-control hosts the rendezvous store")
         p.rendezvous_being_created = True
     rendezvous_up = p.rendezvous_being_created or (
@@ -746,7 +749,8 @@ def _create_missing(p: _Pass) -> None:
             continue
         attempt = p.next_attempt(index)
         p.create(
-            builders.trainer_pod(p.job, node_index=index, attempt=attempt, settings=p.settings),
+            builders.trainer_pod(p.job, plan=p.plan, node_index=index, attempt=attempt,
+                                 settings=p.settings),
             f"trainer for node {index}, attempt {attempt}",
         )
         p.rank(index, state=RANK_PENDING, attempt=attempt,

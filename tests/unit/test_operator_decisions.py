@@ -15,6 +15,7 @@ import pytest
 from rtj_operator import decisions as d
 from rtj_operator.api.models import parse_job
 from rtj_operator.config import OperatorSettings
+from rtj_operator.podplan import plan_for
 from rtj_operator.views import ClaimView, NodeLiveness, Observed, PodView, RankSample
 
 pytestmark = pytest.mark.unit
@@ -92,8 +93,9 @@ def beats(at: datetime, step: int = 10, *, pods: Observed | None = None,
 
 def decide(j: Any, observed: Observed, *, now: datetime = T0, liveness: Any = None,
            memory: d.Memory | None = None) -> d.Decision:
-    decision = d.decide(job=j, observed=observed, liveness=liveness or {}, now=now,
-                        memory=memory or d.Memory(), settings=SETTINGS)
+    decision = d.decide(job=j, plan=plan_for(j, SETTINGS), observed=observed,
+                        liveness=liveness or {}, now=now, memory=memory or d.Memory(),
+                        settings=SETTINGS)
     d.status_model(decision.status)  # every status we write is valid for the API
     return decision
 
