@@ -60,8 +60,9 @@ def env_of(pod: dict[str, Any]) -> dict[str, Any]:
 def check_golden(name: str, manifest: dict[str, Any]) -> None:
     path = GOLDEN / name
     text = yaml.safe_dump(manifest, sort_keys=False, width=100)
-    if os.environ.get("UPDATE_GOLDEN") == "1" or not path.exists():
+    if os.environ.get("UPDATE_GOLDEN") == "1":
         path.write_text(text)
+    assert path.exists(), f"{name} is missing; run with UPDATE_GOLDEN=1 to write it"
     assert text == path.read_text(), f"{name} changed; rerun with UPDATE_GOLDEN=1 if intended"
 
 
