@@ -224,8 +224,9 @@ def trainer_pod(
              "protocol": "TCP"}
             for r in range(plan.procs_per_node)
         ],
+        # Copies: the plan is shared by every pod of the pass, a manifest must not alias it.
         "resources": {
-            key: value
+            key: dict(value)
             for key, value in (("requests", resolved.requests), ("limits", resolved.limits))
             if value
         },

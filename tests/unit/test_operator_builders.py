@@ -208,3 +208,15 @@ def test_services_select_their_pods() -> None:
     assert headless["spec"]["clusterIP"] == "None"
     assert headless["spec"]["publishNotReadyAddresses"] is True
     assert headless["spec"]["selector"]["training.resilient.dev/role"] == "trainer"
+
+
+def test_pods_built_from_one_plan_share_no_resource_dicts() -> None:
+    job = p5_job()
+    plan = plan_for(job, SETTINGS)
+    first, second = (
+        builders.trainer_pod(job, plan=plan, node_index=i, attempt=0, settings=SETTINGS)
+        for i in (0, 1)
+    )
+    first["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "1"
+    assert second["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "184"
+    assert plan.resources.requests["cpu"] == "184"
