@@ -4,7 +4,9 @@ Objects (names and labels in docs/design.md): the trainer pods `<job>-<i>`, the 
 ClusterIP Service `<job>-rdzv`, the headless Service `<job>`, and, for a dynamic checkpoint
 volume, the ReadWriteMany claim `<job>-checkpoints`. Each carries an ownerReference to the job
 (controller=true), so deleting the job deletes them through the garbage collector. Golden tests
-pin the p5.48xlarge trainer pod (tests/unit/golden/).
+pin the p5.48xlarge trainer pod (tests/unit/golden/). The pod builders read the pass's `PodPlan`
+(`podplan.py`: resources, device counts, procs, grace period, rendezvous id) instead of resolving
+the instance profile themselves.
 """
 
 from __future__ import annotations
@@ -14,22 +16,12 @@ from rtj_operator.api import API_VERSION, KIND
 from rtj_operator.api.models import ResilientTrainingJob
 from rtj_operator.config import OperatorSettings
 from rtj_operator.intents import Manifest
+from rtj_operator.podplan import PodPlan
 
-# EFA and NCCL environment of trainer pods that get EFA devices / GPUs. Sources:
-# [aws-sample] awslabs/awsome-distributed-training, 3.test_cases/pytorch/nvrx manifests (summarised
-#   in ../shared/docs/nvrx.md section 8.2); [ofi-nccl] the aws-ofi-nccl wiki "Environment
-#   Variables"; [efa-docs] AWS EFA user guide ("Get started with EFA and NCCL").
-EFA_ENV: tuple[tuple[str, str], ...] = (
-    # libfabric must pick the EFA provider, never fall back to TCP sockets [aws-sample, efa-docs].
-    ("FI_PROVIDER", "efa"),
-    # GPUDirect RDMA: EFA reads and writes GPU memory directly on p4d/p5 [efa-docs; the
-    # aws-sample Dockerfile says "only for P5; set it in the manifest"].
-    ("FI_EFA_USE_DEVICE_RDMA", "1"),
-    # ft_launcher and dataloaders fork/spawn processes after libfabric is loaded; make
-    # libfabric's EFA provider and rdma-core safe across fork [aws-sample].
-    ("FI_EFA_FORK_SAFE", "1"),
-    ("RDMAV_FORK_SAFE", "1"),
-)
+# NCCL environment of trainer pods that get GPUs (the EFA part, `profiles.EFA_ENV`, is instance
+# data). Sources: [aws-sample] awslabs/awsome-distributed-training, 3.test_cases/pytorch/nvrx
+#   manifests (summarised in ../shared/docs/nvrx.md section 8.2); [ofi-nccl] the aws-ofi-nccl wiki
+#   "Environment Variables".
 NCCL_ENV: tuple[tuple[str, str], ...] = (
     # NCCL's bootstrap and socket traffic must not use loopback or container bridges
     # [aws-sample uses ^docker,lo,veth; ofi-nccl excludes lo,docker0 by default].
@@ -123,12 +115,16 @@ def _value_env(pairs: list[tuple[str, str]]) -> list[Manifest]:
 
 
 def trainer_env(
-    job: ResilientTrainingJob, *, node_index: int, attempt: int, settings: OperatorSettings
+    job: ResilientTrainingJob,
+    *,
+    plan: PodPlan,
+    node_index: int,
+    attempt: int,
+    settings: OperatorSettings,
 ) -> list[Manifest]:
     """The trainer container's environment (the contract in docs/design.md), then the
     instance's EFA/NCCL settings, then spec.env (which wins over the EFA/NCCL defaults)."""
     spec = job.spec
-    resolved = profiles.resolve_profile(spec)
     downward = [
         _field_env("POD_IP", "status.podIP"),
         _field_env("POD_NAME", "metadata.name"),
@@ -138,12 +134,12 @@ def trainer_env(
     ]
     contract = [
         ("RTJ_JOB_NAME", job.name),
-        ("RTJ_JOB_UID", launcher.rendezvous_id(job)),
+        ("RTJ_JOB_UID", plan.rendezvous_id),
         ("RTJ_NODE_INDEX", str(node_index)),
         # ft_launcher orders nodes by GROUP_RANK: pod <job>-0 hosts global rank 0 (nvrx.md E7).
         ("GROUP_RANK", str(node_index)),
         ("RTJ_NNODES", str(spec.nodes)),
-        ("RTJ_PROCS_PER_NODE", str(resolved.procs_per_node)),
+        ("RTJ_PROCS_PER_NODE", str(plan.procs_per_node)),
         ("RTJ_ATTEMPT", str(attempt)),
         ("RTJ_CHECKPOINT_DIR", job.checkpoint_dir),
         ("RTJ_CHECKPOINT_INTERVAL_STEPS", str(spec.checkpoint.interval_steps)),
@@ -154,10 +150,10 @@ def trainer_env(
          "1" if spec.fault_tolerance.in_process_restart == "Enabled" else "0"),
         ("RTJ_HEARTBEAT_TIMEOUT_SECONDS", str(spec.fault_tolerance.heartbeat_timeout_seconds)),
     ]
-    platform: dict[str, str] = dict(resolved.env)
-    if launcher.requested_count(resolved, profiles.EFA_RESOURCE) > 0:
-        platform.update(EFA_ENV)
-    if launcher.requested_count(resolved, profiles.GPU_RESOURCE) > 0:
+    platform: dict[str, str] = dict(plan.resources.env)
+    if plan.efa_devices > 0:
+        platform.update(profiles.EFA_ENV)
+    if plan.gpus > 0:
         platform.update(NCCL_ENV)
         if spec.fault_tolerance.in_process_restart == "Enabled":
             platform.update(IN_PROCESS_RESTART_NCCL_ENV)
@@ -168,25 +164,28 @@ def trainer_env(
 
 
 def trainer_pod(
-    job: ResilientTrainingJob, *, node_index: int, attempt: int, settings: OperatorSettings
+    job: ResilientTrainingJob,
+    *,
+    plan: PodPlan,
+    node_index: int,
+    attempt: int,
+    settings: OperatorSettings,
 ) -> Manifest:
     """Trainer pod `<job>-<i>`: one ft_launcher that runs procsPerNode workers."""
     spec = job.spec
-    resolved = profiles.resolve_profile(spec)
+    resolved = plan.resources
     name = naming.trainer_pod_name(job.name, node_index)
     labels = _pod_labels(job, naming.ROLE_TRAINER)
     labels.update({naming.NODE_INDEX_LABEL: str(node_index), naming.ATTEMPT_LABEL: str(attempt)})
     template = spec.pod_template
     annotations = dict(template.annotations) if template is not None else {}
 
-    efa = launcher.requested_count(resolved, profiles.EFA_RESOURCE)
-    gpus = launcher.requested_count(resolved, profiles.GPU_RESOURCE)
     tolerations: list[Manifest] = []
-    if gpus:
+    if plan.gpus:
         tolerations.append(
             {"key": profiles.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
         )
-    if efa:
+    if plan.efa_devices:
         tolerations.append(
             {"key": profiles.EFA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
         )
@@ -213,21 +212,24 @@ def trainer_pod(
         "name": naming.TRAINER_CONTAINER,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": launcher.trainer_argv(job, settings),
-        "env": trainer_env(job, node_index=node_index, attempt=attempt, settings=settings),
+        "command": launcher.trainer_argv(job, plan, settings),
+        "env": trainer_env(
+            job, plan=plan, node_index=node_index, attempt=attempt, settings=settings
+        ),
         "ports": [
             {"name": f"metrics-{r}", "containerPort": settings.trainer_metrics_port + r,
              "protocol": "TCP"}
-            for r in range(resolved.procs_per_node)
+            for r in range(plan.procs_per_node)
         ],
+        # Copies: the plan is shared by every pod of the pass, a manifest must not alias it.
         "resources": {
-            key: value
+            key: dict(value)
             for key, value in (("requests", resolved.requests), ("limits", resolved.limits))
             if value
         },
         "volumeMounts": mounts,
     }
-    if efa:
+    if plan.efa_devices:
         # EFA registers (pins) memory for RDMA, which needs IPC_LOCK [aws-sample].
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
 
@@ -236,7 +238,7 @@ def trainer_pod(
         "subdomain": naming.headless_service_name(job.name),
         # The operator, not the kubelet, decides restarts.
         "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": launcher.termination_grace_period_seconds(job),
+        "terminationGracePeriodSeconds": plan.termination_grace_period_seconds,
         "enableServiceLinks": False,
         "containers": [container],
         "volumes": volumes,
@@ -254,7 +256,9 @@ def trainer_pod(
     }
 
 
-def rendezvous_pod(job: ResilientTrainingJob, *, settings: OperatorSettings) -> Manifest:
+def rendezvous_pod(
+    job: ResilientTrainingJob, *, plan: PodPlan, settings: OperatorSettings
+) -> Manifest:
     """Rendezvous pod `<job>-rdzv`: nvrx-control hosting the store, so that no trainer pod is
     special and any of them can be lost (nvrx.md E5/E6). Same image as the trainer."""
     spec = job.spec
@@ -271,7 +275,7 @@ def rendezvous_pod(job: ResilientTrainingJob, *, settings: OperatorSettings) -> 
                 "name": naming.RENDEZVOUS_CONTAINER,
                 "image": spec.image,
                 "imagePullPolicy": spec.image_pull_policy,
-                "command": launcher.rendezvous_argv(job, settings),
+                "command": launcher.rendezvous_argv(job, plan, settings),
                 "env": [_field_env("POD_IP", "status.podIP")],
                 "ports": [{"name": "rendezvous", "containerPort": settings.rendezvous_port,
                            "protocol": "TCP"}],

@@ -5,18 +5,16 @@ GPU, EFA, hugepages, CPU and memory requests, the shared-memory size and the nod
 a pod needs to own the whole instance. Instance types without a built-in profile must give
 `spec.resources` explicitly (the CRD enforces that with a CEL rule generated from this table).
 
-The module is pure data plus one pure function, `resolve_profile`, so both the CRD generator
-(`rtj_operator.api`) and the pod builder of the operator use the same facts.
+The module is pure data and imports nothing of the operator: the API models (`rtj_operator.api`)
+read the table for the CRD's enum and CEL rule, and `podplan.resolve_profile` turns a spec into the
+resources of its pods. Because the CRD embeds the list of instance types, adding a profile is an
+API change: regenerate the CRDs (`make crds`) and re-apply them (docs/api.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # models import this module for the table; avoid the import cycle at runtime
-    from rtj_operator.api.models import ResilientTrainingJobSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -51,7 +49,25 @@ class InstanceProfile:
         return {INSTANCE_TYPE_LABEL: self.instance_type}
 
 
-_EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}
+# EFA environment of trainer pods. Sources:
+# [aws-sample] awslabs/awsome-distributed-training, 3.test_cases/pytorch/nvrx manifests;
+# [efa-docs] AWS EFA user guide ("Get started with EFA and NCCL").
+LIBFABRIC_EFA_ENV: tuple[tuple[str, str], ...] = (
+    # libfabric must pick the EFA provider, never fall back to TCP sockets [aws-sample, efa-docs].
+    ("FI_PROVIDER", "efa"),
+    # GPUDirect RDMA: EFA reads and writes GPU memory directly on p4d/p5 [efa-docs; the
+    # aws-sample Dockerfile says "only for P5; set it in the manifest"].
+    ("FI_EFA_USE_DEVICE_RDMA", "1"),
+)
+"""The libfabric settings of an EFA instance type: the `env` of the built-in profiles."""
+EFA_ENV: tuple[tuple[str, str], ...] = (
+    *LIBFABRIC_EFA_ENV,
+    # ft_launcher and dataloaders fork/spawn processes after libfabric is loaded; make
+    # libfabric's EFA provider and rdma-core safe across fork [aws-sample].
+    ("FI_EFA_FORK_SAFE", "1"),
+    ("RDMAV_FORK_SAFE", "1"),
+)
+"""Everything a trainer pod that gets EFA devices needs (the builders add it)."""
 
 BUILT_IN_PROFILES: Mapping[str, InstanceProfile] = {
     p.instance_type: p
@@ -66,7 +82,7 @@ BUILT_IN_PROFILES: Mapping[str, InstanceProfile] = {
             memory_request="1800Gi",
             shm_size="256Gi",
             default_procs_per_node=8,
-            env=_EFA_ENV,
+            env=dict(LIBFABRIC_EFA_ENV),
         ),
         # 8x H200 141 GB, 192 vCPU, 2048 GiB, 32 EFA (3200 Gbps EFAv2): the p5 host with H200s.
         InstanceProfile(
@@ -78,7 +94,7 @@ BUILT_IN_PROFILES: Mapping[str, InstanceProfile] = {
             memory_request="1800Gi",
             shm_size="256Gi",
             default_procs_per_node=8,
-            env=_EFA_ENV,
+            env=dict(LIBFABRIC_EFA_ENV),
         ),
         # 8x A100 40 GB, 96 vCPU, 1152 GiB, 4 EFA (400 Gbps).
         InstanceProfile(
@@ -90,7 +106,7 @@ BUILT_IN_PROFILES: Mapping[str, InstanceProfile] = {
             memory_request="1000Gi",
             shm_size="128Gi",
             default_procs_per_node=8,
-            env=_EFA_ENV,
+            env=dict(LIBFABRIC_EFA_ENV),
         ),
         # 8x A100 80 GB, otherwise the p4d host.
         InstanceProfile(
@@ -102,7 +118,7 @@ BUILT_IN_PROFILES: Mapping[str, InstanceProfile] = {
             memory_request="1000Gi",
             shm_size="128Gi",
             default_procs_per_node=8,
-            env=_EFA_ENV,
+            env=dict(LIBFABRIC_EFA_ENV),
         ),
     )
 }
@@ -110,68 +126,3 @@ BUILT_IN_PROFILES: Mapping[str, InstanceProfile] = {
 DEFAULT_INSTANCE_TYPE = "p5.48xlarge"
 DEFAULT_PROCS_PER_NODE_WITHOUT_PROFILE = 1
 
-
-@dataclass(frozen=True, kw_only=True)
-class ResolvedResources:
-    """Everything about a trainer pod that follows from the instance type and `spec.resources`."""
-
-    procs_per_node: int
-    requests: dict[str, str]
-    limits: dict[str, str]
-    node_selector: dict[str, str]
-    """The profile's selector merged under `spec.podTemplate.nodeSelector` (the template wins)."""
-    env: dict[str, str]
-    shm_size: str | None
-    """Size limit of a memory-backed /dev/shm emptyDir, or None for no dedicated /dev/shm."""
-    profile: InstanceProfile | None
-
-
-def profile_for(instance_type: str) -> InstanceProfile | None:
-    """The built-in profile of an instance type, or None when there is none."""
-    return BUILT_IN_PROFILES.get(instance_type)
-
-
-def resolve_profile(spec: ResilientTrainingJobSpec) -> ResolvedResources:
-    """Resources, env and node selector of a trainer pod for `spec`.
-
-    With a built-in profile: the profile's requests and limits (extended resources and hugepages
-    have limits equal to requests, as Kubernetes requires), overridden key by key by
-    `spec.resources`. Without one: exactly `spec.resources` (the API requires it then).
-    """
-    profile = profile_for(spec.instance_type)
-    requests: dict[str, str] = {}
-    limits: dict[str, str] = {}
-    node_selector: dict[str, str] = {}
-    env: dict[str, str] = {}
-    shm_size: str | None = None
-    if profile is not None:
-        reserved = {
-            GPU_RESOURCE: str(profile.gpus),
-            EFA_RESOURCE: str(profile.efa_devices),
-            HUGEPAGES_RESOURCE: profile.hugepages_2mi,
-        }
-        requests = {"cpu": profile.cpu_request, "memory": profile.memory_request, **reserved}
-        limits = dict(reserved)
-        node_selector = profile.node_selector
-        env = dict(profile.env)
-        shm_size = profile.shm_size
-    if spec.resources is not None:
-        requests.update(spec.resources.requests)
-        limits.update(spec.resources.limits)
-    if spec.pod_template is not None:
-        node_selector.update(spec.pod_template.node_selector)
-    if spec.procs_per_node is not None:
-        procs = spec.procs_per_node
-    elif profile is not None:
-        procs = profile.default_procs_per_node
-    else:
-        procs = DEFAULT_PROCS_PER_NODE_WITHOUT_PROFILE
-    return ResolvedResources(
-        procs_per_node=procs,
-        requests=requests,
-        limits=limits,
-        node_selector=node_selector,
-        env=env,
-        shm_size=shm_size,
-        profile=profile,
-    )

@@ -19,12 +19,13 @@ import kubernetes.client
 import pydantic
 from pydantic.alias_generators import to_camel
 
-from rtj_operator import actions, decisions, metrics, observe, profiles, scraping
+from rtj_operator import actions, decisions, metrics, observe, scraping
 from rtj_operator.api.models import parse_job, parse_status, plain
 from rtj_operator.api.status import ResilientTrainingJobStatus
 from rtj_operator.config import OperatorSettings
 from rtj_operator.errors import InvalidJobError
 from rtj_operator.intents import PostEvent
+from rtj_operator.podplan import plan_for
 
 
 @dataclass
@@ -91,17 +92,19 @@ async def run_pass(
         # rebuilt from what the cluster shows; it never makes the job itself invalid.
         job = job.model_copy(update={"status": None})
     namespace = job.metadata.namespace or ""
+    plan = plan_for(job, settings)
     observed = await observe.observe(
         api, namespace=namespace, job_name=job.name, job_uid=job.metadata.uid or ""
     )
     liveness = await scraping.scrape(
         observed.trainer_pods.values(),
         base_port=settings.trainer_metrics_port,
-        procs=profiles.resolve_profile(job.spec).procs_per_node,
+        procs=plan.procs_per_node,
         timeout_seconds=settings.scrape_timeout_seconds,
     )
     decision = decisions.decide(
-        job=job, observed=observed, liveness=liveness, now=now_utc(), memory=memo.memory,
+        job=job, plan=plan, observed=observed, liveness=liveness, now=now_utc(),
+        memory=memo.memory,
         settings=settings,
     )
     await actions.apply(api, namespace=namespace, job_name=job.name, actions=decision.actions)

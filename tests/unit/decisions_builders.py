@@ -17,6 +17,7 @@ from rtj_operator.api.models import parse_job, parse_status
 from rtj_operator.api.status import ResilientTrainingJobStatus
 from rtj_operator.config import OperatorSettings
 from rtj_operator.intents import CreateObject, DeletePod
+from rtj_operator.podplan import plan_for
 from rtj_operator.reconcile import api_status
 from rtj_operator.views import ClaimView, NodeLiveness, Observed, PodView, RankSample
 
@@ -124,7 +125,8 @@ def beats(at: datetime, step: int = 10, *, pods: Observed | None = None,
 
 def decide(j: Any, observed: Observed, *, now: datetime = T0, liveness: Any = None,
            memory: d.Memory | None = None) -> Outcome:
-    decision = Outcome(d.decide(job=j, observed=observed, liveness=liveness or {}, now=now,
+    decision = Outcome(d.decide(job=j, plan=plan_for(j, SETTINGS), observed=observed,
+                                liveness=liveness or {}, now=now,
                                 memory=memory or d.Memory(), settings=SETTINGS))
     status_model(decision.status)  # every status we write is valid for the API
     return decision

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 from pydantic import ValidationError
-from rtj_operator import profiles
 from rtj_operator.api import models
+from rtj_operator.podplan import resolve_profile
 
 pytestmark = pytest.mark.unit
 
@@ -54,7 +54,7 @@ def test_a_minimal_job_gets_every_documented_default() -> None:
     parsed = models.parse_job(job())
     spec = parsed.spec
     assert spec.instance_type == "p5.48xlarge"
-    assert spec.procs_per_node is None and spec.effective_procs_per_node == 8
+    assert spec.procs_per_node is None and resolve_profile(spec).procs_per_node == 8
     assert spec.image_pull_policy == "IfNotPresent"
     assert spec.command == ["python", "-m", "rtj_trainer"] and spec.args == [] and spec.env == []
     assert spec.suspend is False
@@ -273,7 +273,7 @@ def test_every_example_parses_with_the_models(path: Path) -> None:
 
 def test_the_cpu_tiny_example_has_two_nodes_of_two_ranks_and_a_fault_per_recovery_path() -> None:
     parsed = models.parse_job(yaml.safe_load((REPO / "examples" / "cpu-tiny.yaml").read_text()))
-    assert (parsed.spec.nodes, parsed.spec.effective_procs_per_node) == (2, 2)
+    assert (parsed.spec.nodes, resolve_profile(parsed.spec).procs_per_node) == (2, 2)
     assert parsed.spec.checkpoint.storage_class_name == "local-shared"
     faults = [e.value for e in parsed.spec.env if e.name == "TRAINER_FAULTS"]
     assert faults and faults[0] is not None
@@ -282,46 +282,3 @@ def test_the_cpu_tiny_example_has_two_nodes_of_two_ranks_and_a_fault_per_recover
     assert kinds == {"exception", "sigkill", "launcher-kill"}
 
 
-def test_the_p5_profile_reserves_the_whole_instance() -> None:
-    resolved = profiles.resolve_profile(models.parse_job(job()).spec)
-    assert resolved.procs_per_node == 8
-    assert resolved.requests == {
-        "cpu": "184",
-        "memory": "1800Gi",
-        "nvidia.com/gpu": "8",
-        "vpc.amazonaws.com/efa": "32",
-        "hugepages-2Mi": "5120Mi",
-    }
-    assert resolved.limits == {
-        "nvidia.com/gpu": "8",
-        "vpc.amazonaws.com/efa": "32",
-        "hugepages-2Mi": "5120Mi",
-    }
-    assert resolved.node_selector == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
-    assert resolved.shm_size == "256Gi"
-    assert resolved.env["FI_PROVIDER"] == "efa"
-
-
-def test_explicit_resources_and_node_selector_override_the_profile_key_by_key() -> None:
-    spec = models.parse_job(
-        job(
-            instanceType="p4d.24xlarge",
-            procsPerNode=4,
-            resources={"requests": {"cpu": "40"}},
-            podTemplate={"nodeSelector": {"pool": "a100", "node.kubernetes.io/instance-type": "x"}},
-        )
-    ).spec
-    resolved = profiles.resolve_profile(spec)
-    assert resolved.procs_per_node == 4
-    assert resolved.requests["cpu"] == "40" and resolved.requests["vpc.amazonaws.com/efa"] == "4"
-    assert resolved.node_selector == {"node.kubernetes.io/instance-type": "x", "pool": "a100"}
-
-
-def test_an_instance_type_without_profile_uses_exactly_the_given_resources() -> None:
-    spec = models.parse_job(
-        job(instanceType="g5.48xlarge", resources={"limits": {"nvidia.com/gpu": 8}})
-    ).spec
-    resolved = profiles.resolve_profile(spec)
-    assert resolved.profile is None and resolved.procs_per_node == 1
-    assert resolved.requests == {} and resolved.limits == {"nvidia.com/gpu": "8"}
-    assert resolved.node_selector == {} and resolved.shm_size is None

@@ -12,6 +12,7 @@ import yaml
 from rtj_operator import builders
 from rtj_operator.api.models import parse_job
 from rtj_operator.config import OperatorSettings
+from rtj_operator.podplan import plan_for
 
 pytestmark = pytest.mark.unit
 GOLDEN = Path(__file__).with_name("golden")
@@ -43,6 +44,14 @@ def p5_job(**overrides: Any) -> Any:
     })
 
 
+def trainer_pod(job: Any, **where: Any) -> dict[str, Any]:
+    return builders.trainer_pod(job, plan=plan_for(job, where["settings"]), **where)
+
+
+def rendezvous_pod(job: Any) -> dict[str, Any]:
+    return builders.rendezvous_pod(job, plan=plan_for(job, SETTINGS), settings=SETTINGS)
+
+
 def env_of(pod: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom"))
             for e in pod["spec"]["containers"][0]["env"]}
@@ -51,18 +60,19 @@ def env_of(pod: dict[str, Any]) -> dict[str, Any]:
 def check_golden(name: str, manifest: dict[str, Any]) -> None:
     path = GOLDEN / name
     text = yaml.safe_dump(manifest, sort_keys=False, width=100)
-    if os.environ.get("UPDATE_GOLDEN") == "1" or not path.exists():
+    if os.environ.get("UPDATE_GOLDEN") == "1":
         path.write_text(text)
+    assert path.exists(), f"{name} is missing; run with UPDATE_GOLDEN=1 to write it"
     assert text == path.read_text(), f"{name} changed; rerun with UPDATE_GOLDEN=1 if intended"
 
 
 def test_p5_trainer_pod_matches_the_golden_file() -> None:
-    pod = builders.trainer_pod(p5_job(), node_index=3, attempt=2, settings=SETTINGS)
+    pod = trainer_pod(p5_job(), node_index=3, attempt=2, settings=SETTINGS)
     check_golden("p5-trainer-pod.yaml", pod)
 
 
 def test_p5_trainer_pod_reserves_the_whole_instance() -> None:
-    pod = builders.trainer_pod(p5_job(), node_index=0, attempt=0, settings=SETTINGS)
+    pod = trainer_pod(p5_job(), node_index=0, attempt=0, settings=SETTINGS)
     container = pod["spec"]["containers"][0]
     limits = container["resources"]["limits"]
     requests = container["resources"]["requests"]
@@ -80,7 +90,7 @@ def test_p5_trainer_pod_reserves_the_whole_instance() -> None:
 
 
 def test_p5_trainer_pod_mounts_the_checkpoint_claim_and_a_memory_backed_shm() -> None:
-    pod = builders.trainer_pod(p5_job(), node_index=0, attempt=0, settings=SETTINGS)
+    pod = trainer_pod(p5_job(), node_index=0, attempt=0, settings=SETTINGS)
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "fsx-checkpoints"}
     assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
@@ -89,7 +99,7 @@ def test_p5_trainer_pod_mounts_the_checkpoint_claim_and_a_memory_backed_shm() ->
 
 
 def test_p5_trainer_pod_identity_and_restart_policy() -> None:
-    pod = builders.trainer_pod(p5_job(), node_index=3, attempt=2, settings=SETTINGS)
+    pod = trainer_pod(p5_job(), node_index=3, attempt=2, settings=SETTINGS)
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["name"] == "llama-3"
     assert meta["labels"] == {
@@ -110,7 +120,7 @@ def test_p5_trainer_pod_identity_and_restart_policy() -> None:
 
 
 def test_p5_trainer_env_carries_the_contract_and_the_efa_settings() -> None:
-    env = env_of(builders.trainer_pod(p5_job(), node_index=3, attempt=2, settings=SETTINGS))
+    env = env_of(trainer_pod(p5_job(), node_index=3, attempt=2, settings=SETTINGS))
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["RTJ_METRICS_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     expected = {
@@ -128,14 +138,14 @@ def test_p5_trainer_env_carries_the_contract_and_the_efa_settings() -> None:
 
 def test_user_env_overrides_the_platform_defaults_without_duplicates() -> None:
     job = p5_job(env=[{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}])
-    pod = builders.trainer_pod(job, node_index=0, attempt=0, settings=SETTINGS)
+    pod = trainer_pod(job, node_index=0, attempt=0, settings=SETTINGS)
     names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
     assert names.count("NCCL_SOCKET_IFNAME") == 1
     assert env_of(pod)["NCCL_SOCKET_IFNAME"] == "eth0"
 
 
 def test_trainer_command_is_ft_launcher_with_the_trainer_argv() -> None:
-    pod = builders.trainer_pod(p5_job(), node_index=0, attempt=0, settings=SETTINGS)
+    pod = trainer_pod(p5_job(), node_index=0, attempt=0, settings=SETTINGS)
     command = pod["spec"]["containers"][0]["command"]
     assert command[0] == "ft_launcher"
     assert command[-5:] == ["python", "-m", "rtj_trainer", "--preset", "llama-8b"]
@@ -145,7 +155,7 @@ def test_trainer_command_is_ft_launcher_with_the_trainer_argv() -> None:
 def test_a_cpu_job_without_gpus_gets_no_efa_nccl_or_shm_settings() -> None:
     job = p5_job(instanceType="c7i.8xlarge", procsPerNode=2,
                  resources={"requests": {"cpu": "4", "memory": "8Gi"}}, env=[])
-    pod = builders.trainer_pod(job, node_index=1, attempt=0, settings=SETTINGS)
+    pod = trainer_pod(job, node_index=1, attempt=0, settings=SETTINGS)
     env = env_of(pod)
     assert not {"FI_PROVIDER", "NCCL_NVLS_ENABLE", "FI_EFA_FORK_SAFE"} & set(env)
     assert [v["name"] for v in pod["spec"]["volumes"]] == ["checkpoints"]
@@ -166,7 +176,7 @@ def test_dynamic_fsx_builds_a_read_write_many_claim_of_the_storage_class() -> No
         "resources": {"requests": {"storage": "1200Gi"}},
     }
     assert claim["metadata"]["ownerReferences"][0]["uid"] == "0e5a-uid"
-    pod = builders.trainer_pod(job, node_index=0, attempt=0, settings=SETTINGS)
+    pod = trainer_pod(job, node_index=0, attempt=0, settings=SETTINGS)
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "llama-checkpoints"}
 
@@ -178,7 +188,7 @@ def test_a_retained_claim_has_no_owner() -> None:
 
 
 def test_rendezvous_pod_runs_nvrx_control_with_the_trainer_image() -> None:
-    pod = builders.rendezvous_pod(p5_job(), settings=SETTINGS)
+    pod = rendezvous_pod(p5_job())
     container = pod["spec"]["containers"][0]
     assert pod["metadata"]["name"] == "llama-rdzv"
     assert pod["metadata"]["labels"]["training.resilient.dev/role"] == "rendezvous"
@@ -198,3 +208,15 @@ def test_services_select_their_pods() -> None:
     assert headless["spec"]["clusterIP"] == "None"
     assert headless["spec"]["publishNotReadyAddresses"] is True
     assert headless["spec"]["selector"]["training.resilient.dev/role"] == "trainer"
+
+
+def test_pods_built_from_one_plan_share_no_resource_dicts() -> None:
+    job = p5_job()
+    plan = plan_for(job, SETTINGS)
+    first, second = (
+        builders.trainer_pod(job, plan=plan, node_index=i, attempt=0, settings=SETTINGS)
+        for i in (0, 1)
+    )
+    first["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "1"
+    assert second["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "184"
+    assert plan.resources.requests["cpu"] == "184"

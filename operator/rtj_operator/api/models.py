@@ -761,10 +761,6 @@ class ResilientTrainingJobSpec(ApiModel):
             raise ValueError(f"env: duplicate names {duplicates}")
         return self
 
-    @property
-    def effective_procs_per_node(self) -> int:
-        return profiles.resolve_profile(self).procs_per_node
-
 
 # --- the resource -----------------------------------------------------------------------------
 

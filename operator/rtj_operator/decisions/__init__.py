@@ -1,6 +1,6 @@
 """The operator's brain: one pure function from what it sees to what it does.
 
-`decide(job, observed, liveness, now, memory, settings)` returns the actions of one reconcile
+`decide(job, plan, observed, liveness, now, memory, settings)` returns the actions of one reconcile
 pass (create or delete children, post Events, delete a finished job) and the job's complete new
 status. It reads no clock, no cluster and no network, so every rule below is pinned by the
 table-driven tests in tests/unit/decisions/.
@@ -59,6 +59,7 @@ from rtj_operator.decisions import lifecycle, recovery, status
 from rtj_operator.decisions.liveness import find_faults, observe_ranks
 from rtj_operator.decisions.state import Decision, DetectedFault, Memory, _Pass
 from rtj_operator.decisions.status import OPERATOR_ACTIONS, invalid_spec
+from rtj_operator.podplan import PodPlan
 from rtj_operator.views import Observed, RankLiveness
 
 __all__ = ["OPERATOR_ACTIONS", "Decision", "DetectedFault", "Memory", "decide", "invalid_spec"]
@@ -67,6 +68,7 @@ __all__ = ["OPERATOR_ACTIONS", "Decision", "DetectedFault", "Memory", "decide", 
 def decide(
     *,
     job: ResilientTrainingJob,
+    plan: PodPlan,
     observed: Observed,
     liveness: RankLiveness,
     now: datetime,
@@ -74,7 +76,7 @@ def decide(
     settings: OperatorSettings,
 ) -> Decision:
     """The actions of one reconcile pass and the job's new status (see the module docstring)."""
-    p = _Pass(job=job, observed=observed, liveness=liveness, now=now, memory=memory,
+    p = _Pass(job=job, plan=plan, observed=observed, liveness=liveness, now=now, memory=memory,
               settings=settings)
     if p.prev.state in (JobState.SUCCEEDED, JobState.FAILED):
         return lifecycle.finished(p)  # rule 1

@@ -172,7 +172,7 @@ def create_missing(p: _Pass) -> None:
         isinstance(a, DeletePod) for a in p.actions
     )
     if rendezvous is None and not terminating:
-        p.create(builders.rendezvous_pod(p.job, settings=p.settings),
+        p.create(builders.rendezvous_pod(p.job, plan=p.plan, settings=p.settings),
                  "nvrx-control hosts the rendezvous store")
         p.rendezvous_being_created = True
     rendezvous_up = p.rendezvous_being_created or (
@@ -186,7 +186,8 @@ def create_missing(p: _Pass) -> None:
             continue
         attempt = p.next_attempt(index)
         p.create(
-            builders.trainer_pod(p.job, node_index=index, attempt=attempt, settings=p.settings),
+            builders.trainer_pod(p.job, plan=p.plan, node_index=index, attempt=attempt,
+                                 settings=p.settings),
             f"trainer for node {index}, attempt {attempt}",
         )
         p.rank(index, state=RankState.PENDING, attempt=attempt,

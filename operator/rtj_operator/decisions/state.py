@@ -23,6 +23,7 @@ from rtj_operator.api.status import (
 )
 from rtj_operator.config import OperatorSettings
 from rtj_operator.intents import Action, CreateObject, DeletePod, Manifest, PostEvent
+from rtj_operator.podplan import PodPlan
 from rtj_operator.views import Observed, PodView, RankLiveness
 
 
@@ -101,6 +102,7 @@ class _Pass:
         self,
         *,
         job: ResilientTrainingJob,
+        plan: PodPlan,
         observed: Observed,
         liveness: RankLiveness,
         now: datetime,
@@ -109,6 +111,7 @@ class _Pass:
     ) -> None:
         self.job = job
         self.spec = job.spec
+        self.plan = plan
         self.observed = observed
         self.liveness = liveness
         self.now = now

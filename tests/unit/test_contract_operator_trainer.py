@@ -1,0 +1,120 @@
+"""The two contracts between the operator and the trainer, tied together at the unit tier.
+
+Each side has its own tests against hand-written fixtures; these feed one side's real output into
+the other side's real input, so a renamed variable or metric fails here rather than only in e2e:
+
+- the environment: `builders.trainer_env` writes the `RTJ_*` variables, and
+  `rtj_trainer.config.build_config(env=...)` reads them (docs/design.md);
+- the metrics: `rtj_trainer.metrics.TrainerMetrics` renders a rank's Prometheus page, and
+  `rtj_operator.scraping.rank_sample_from_text` reads it back.
+
+Tests may import both packages; import-linter keeps the packages themselves apart.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+from rtj_operator import builders
+from rtj_operator.api.models import parse_job
+from rtj_operator.config import OperatorSettings
+from rtj_operator.podplan import plan_for
+from rtj_operator.scraping import rank_sample_from_text
+from rtj_trainer.config import build_config
+from rtj_trainer.metrics import TrainerMetrics
+
+pytestmark = pytest.mark.unit
+
+SETTINGS = OperatorSettings(trainer_metrics_port=9500)
+POD_FIELDS = {"status.podIP": "10.1.2.3", "metadata.name": "llama-1", "metadata.namespace": "ml"}
+"""What the kubelet puts into the downward-API variables."""
+
+
+def spec_job(**spec: Any) -> Any:
+    return parse_job({
+        "apiVersion": "training.resilient.dev/v1alpha1",
+        "kind": "ResilientTrainingJob",
+        "metadata": {"name": "llama", "namespace": "ml", "uid": "uid-7", "generation": 1},
+        "spec": {
+            "nodes": 3,
+            "image": "trainer:1",
+            "instanceType": "c7i.8xlarge",
+            "procsPerNode": 2,
+            "resources": {"requests": {"cpu": "4"}},
+            "checkpoint": {"claimName": "fsx", "mountPath": "/ckpt", "intervalSteps": 250,
+                           "keep": 4, "mode": "Sync"},
+            "faultTolerance": {"heartbeatTimeoutSeconds": 45,
+                               "initialHeartbeatTimeoutSeconds": 300,
+                               "inProcessRestart": "Disabled"},
+            **spec,
+        },
+    })
+
+
+def kubelet_env(env: list[dict[str, Any]]) -> dict[str, str]:
+    """The container's environment as the process sees it (fieldRefs resolved)."""
+    resolved: dict[str, str] = {}
+    for entry in env:
+        if "value" in entry:
+            resolved[entry["name"]] = entry["value"]
+        else:
+            resolved[entry["name"]] = POD_FIELDS[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+    return resolved
+
+
+def test_the_trainer_reads_the_spec_from_the_environment_the_operator_writes() -> None:
+    job = spec_job()
+    env = builders.trainer_env(job, plan=plan_for(job, SETTINGS), node_index=1, attempt=2,
+                               settings=SETTINGS)
+    config = build_config(preset="tiny", env=kubelet_env(env))
+
+    cp = config.checkpoint
+    assert (cp.dir, cp.interval_steps, cp.keep, cp.mode) == (job.checkpoint_dir, 250, 4, "sync")
+    assert cp.dir.startswith("/ckpt/")
+    assert config.resiliency.heartbeat_timeout_seconds == 45
+    assert config.resiliency.inprocess_restart is False
+    assert (config.metrics.host, config.metrics.port) == ("10.1.2.3", 9500)
+    identity = config.job
+    assert (identity.name, identity.uid, identity.namespace, identity.pod_name) == (
+        "llama", "uid-7", "ml", "llama-1")
+    assert (identity.node_index, identity.nnodes, identity.procs_per_node, identity.attempt) == (
+        1, 3, 2, 2)
+
+
+def test_in_process_restart_enabled_in_the_spec_is_enabled_in_the_trainer() -> None:
+    job = spec_job(faultTolerance={"inProcessRestart": "Enabled"})
+    env = builders.trainer_env(job, plan=plan_for(job, SETTINGS), node_index=0, attempt=0,
+                               settings=SETTINGS)
+    assert build_config(preset="tiny", env=kubelet_env(env)).resiliency.inprocess_restart is True
+
+
+def test_the_operator_reads_back_what_a_trainer_rank_serves() -> None:
+    metrics = TrainerMetrics(rank=5, local_rank=1, job="llama", attempt=2)
+    snapshot = metrics.snapshot
+    snapshot.heartbeat_timestamp = 1_700_000_123.5
+    snapshot.step = 420
+    snapshot.checkpoint_committed_step = 400
+    snapshot.checkpoint_committed_timestamp = 1_700_000_100.25
+    snapshot.restarts = {"inprocess": 3, "launcher": 1, "pod": 2}
+    snapshot.job_started_at = time.time() - 1000.0
+    snapshot.productive_seconds = 500.0
+
+    sample = rank_sample_from_text(generate_latest(metrics.registry).decode(), local_rank=1)
+
+    assert (sample.local_rank, sample.rank) == (1, 5)
+    assert sample.heartbeat == 1_700_000_123.5
+    assert (sample.step, sample.committed_step) == (420, 400)
+    assert sample.committed_time == 1_700_000_100.25
+    assert sample.restarts == {"inprocess": 3, "launcher": 1, "pod": 2}
+    assert sample.goodput_ratio == pytest.approx(0.5, abs=0.01)
+
+
+def test_a_fresh_trainer_rank_reads_as_no_heartbeat_and_no_checkpoint_yet() -> None:
+    metrics = TrainerMetrics(rank=0, local_rank=0, job="llama", attempt=0)
+    sample = rank_sample_from_text(generate_latest(metrics.registry).decode(), local_rank=0)
+    assert (sample.rank, sample.step) == (0, 0)
+    assert sample.heartbeat is None
+    assert sample.committed_step is None and sample.committed_time is None

@@ -1,0 +1,66 @@
+"""The operator's settings from the environment (`rtj_operator.config`)."""
+
+from __future__ import annotations
+
+import pytest
+from rtj_operator.config import ConfigurationError, OperatorSettings, load_settings
+
+pytestmark = pytest.mark.unit
+
+
+def test_settings_default_when_nothing_is_set() -> None:
+    assert load_settings({}) == OperatorSettings()
+
+
+def test_settings_are_read_from_prefixed_variables() -> None:
+    settings = load_settings({
+        "RTJ_OPERATOR_NAMESPACE": "ml",
+        "RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS": "2.5",
+        "RTJ_OPERATOR_METRICS_PORT": "0",
+        "RTJ_OPERATOR_PEERING": "true",
+        "UNRELATED": "x",
+    })
+    assert settings.namespace == "ml"
+    assert settings.reconcile_interval_seconds == 2.5
+    assert settings.metrics_port == 0
+    assert settings.peering is True
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS", "fast", "expected a number"),
+        ("RTJ_OPERATOR_METRICS_PORT", "80.5", "expected an integer"),
+        ("RTJ_OPERATOR_PEERING", "maybe", "expected true or false"),
+        ("RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS", "0", "must be > 0"),
+        ("RTJ_OPERATOR_RENDEZVOUS_PORT", "70000", "not a usable port"),
+        ("RTJ_OPERATOR_RECONCILE_INTERVALL_SECONDS", "3", "unknown setting"),
+    ],
+)
+def test_a_bad_setting_is_an_error_that_names_the_variable(
+    variable: str, value: str, expected: str
+) -> None:
+    with pytest.raises(ConfigurationError) as error:
+        load_settings({variable: value})
+    assert variable in str(error.value)
+    assert expected in str(error.value)
+
+
+def test_liveness_endpoint_is_off_with_port_zero() -> None:
+    assert OperatorSettings(liveness_port=0).liveness_endpoint() is None
+    assert OperatorSettings().liveness_endpoint() == "http://127.0.0.1:8091/healthz"
+
+
+def test_the_operator_exits_with_a_clear_error_on_bad_settings(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rtj_operator import __main__ as entry
+    from rtj_operator.config import settings_from_environment
+
+    monkeypatch.setenv("RTJ_OPERATOR_METRICS_PORT", "eighty")
+    settings_from_environment.cache_clear()
+    try:
+        assert entry.main() == 2
+    finally:
+        settings_from_environment.cache_clear()
+    assert "RTJ_OPERATOR_METRICS_PORT='eighty': expected an integer" in capsys.readouterr().err

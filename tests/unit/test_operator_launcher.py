@@ -1,0 +1,109 @@
+"""The argv of ft_launcher and nvrx-control (`rtj_operator.launcher`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rtj_operator import launcher
+from rtj_operator.api.models import ResilientTrainingJob, parse_job
+from rtj_operator.config import OperatorSettings
+from rtj_operator.podplan import plan_for, term_timeout_seconds
+
+pytestmark = pytest.mark.unit
+
+
+def job(**spec: Any) -> Any:
+    body = {
+        "apiVersion": "training.resilient.dev/v1alpha1",
+        "kind": "ResilientTrainingJob",
+        "metadata": {"name": "llama", "namespace": "ml", "uid": "uid-1", "generation": 1},
+        "spec": {
+            "nodes": 8,
+            "image": "trainer:1",
+            "checkpoint": {"claimName": "fsx"},
+            **spec,
+        },
+    }
+    return parse_job(body)
+
+
+def trainer_argv(j: ResilientTrainingJob, settings: OperatorSettings) -> list[str]:
+    return launcher.trainer_argv(j, plan_for(j, settings), settings)
+
+
+def rendezvous_argv(j: ResilientTrainingJob, settings: OperatorSettings) -> list[str]:
+    return launcher.rendezvous_argv(j, plan_for(j, settings), settings)
+
+
+def test_ft_launcher_argv_for_a_p5_job() -> None:
+    argv = trainer_argv(
+        job(args=["--preset", "7b"], faultTolerance={"launcherMaxRestarts": 5,
+                                                    "heartbeatTimeoutSeconds": 90,
+                                                    "initialHeartbeatTimeoutSeconds": 900}),
+        OperatorSettings(),
+    )
+    assert argv == [
+        "ft_launcher",
+        "--nnodes=8",
+        "--nproc-per-node=8",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=llama-rdzv:29400",
+        "--rdzv-id=uid-1",
+        "--rdzv-conf=is_host=false,join_timeout=600",
+        "--local-addr=$(POD_IP)",
+        "--max-restarts=5",
+        "--term-timeout=25",
+        "--ft-initial-rank-heartbeat-timeout=900",
+        "--ft-rank-heartbeat-timeout=90",
+        "--ft-gpu-memory-reclaim-timeout=50",
+        "--no-python",
+        "python", "-m", "rtj_trainer", "--preset", "7b",
+    ]
+
+
+def test_term_timeout_stays_below_the_grace_period() -> None:
+    for grace in (1, 5, 10, 30, 120, 600, 3600):
+        assert term_timeout_seconds(grace) < max(grace, 2)
+    argv = trainer_argv(job(podTemplate={"terminationGracePeriodSeconds": 300}),
+                                 OperatorSettings())
+    assert "--term-timeout=270" in argv
+
+
+def test_a_cpu_job_does_not_wait_for_gpu_memory() -> None:
+    cpu = job(instanceType="c7i.8xlarge", procsPerNode=2,
+              resources={"requests": {"cpu": "4"}, "limits": {}})
+    argv = trainer_argv(cpu, OperatorSettings())
+    assert "--ft-gpu-memory-reclaim-timeout=0" in argv
+    assert "--nproc-per-node=2" in argv
+
+
+def test_every_ft_launcher_flag_we_pass_exists_in_nvrx_0_7() -> None:
+    """The flags are checked against the installed ft_launcher's own parser."""
+    from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
+
+    argv = trainer_argv(job(), OperatorSettings())
+    parsed = get_args_parser().parse_args(argv[1:])
+    assert parsed.nnodes == "8"
+    assert parsed.rdzv_conf == "is_host=false,join_timeout=600"
+    assert parsed.no_python is True
+    assert parsed.training_script == "python"
+    assert parsed.training_script_args == ["-m", "rtj_trainer"]
+
+
+def test_nvrx_control_argv() -> None:
+    argv = rendezvous_argv(job(), OperatorSettings())
+    assert argv == [
+        "nvrx-control", "--nnodes=8", "--rdzv-endpoint=$(POD_IP):29400", "--rdzv-id=uid-1",
+        "--rdzv-conf=join_timeout=600", "--local-addr=$(POD_IP)",
+        "--ft-enable-log-server", "false",
+    ]
+
+
+def test_every_nvrx_control_flag_we_pass_exists_in_nvrx_0_7() -> None:
+    from nvidia_resiliency_ext.fault_tolerance.control_plane import parse_args
+
+    parsed = parse_args(rendezvous_argv(job(), OperatorSettings())[1:])
+    assert parsed.nnodes == "8"
+    assert parsed.rdzv_endpoint == "$(POD_IP):29400"
+    assert not parsed.ft_enable_log_server
