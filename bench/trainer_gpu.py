@@ -70,13 +70,10 @@ def run_trainer(
 
 def read_commits(ckpt_dir: Path, since: float) -> list[dict[str, Any]]:
     """One entry per checkpoint this run committed: stall parts, writer seconds and GB/s."""
+    from rtj_trainer.checkpoint.store import read_commit_log
+
     saves: list[dict[str, Any]] = []
-    try:
-        lines = (ckpt_dir / "commits.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return saves
-    for line in lines:
-        commit = json.loads(line)
+    for commit in read_commit_log(ckpt_dir):
         if commit.get("committed_at", 0) < since:
             continue
         writer = commit.get("slowest_writer") or {}

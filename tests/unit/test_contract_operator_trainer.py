@@ -24,7 +24,7 @@ from rtj_operator.config import OperatorSettings
 from rtj_operator.podplan import plan_for
 from rtj_operator.scraping import rank_sample_from_text
 from rtj_trainer.config import build_config
-from rtj_trainer.metrics import TrainerMetrics
+from rtj_trainer.metrics import Snapshot, TrainerMetrics
 
 pytestmark = pytest.mark.unit
 
@@ -93,14 +93,16 @@ def test_in_process_restart_enabled_in_the_spec_is_enabled_in_the_trainer() -> N
 
 def test_the_operator_reads_back_what_a_trainer_rank_serves() -> None:
     metrics = TrainerMetrics(rank=5, local_rank=1, job="llama", attempt=2)
-    snapshot = metrics.snapshot
-    snapshot.heartbeat_timestamp = 1_700_000_123.5
-    snapshot.step = 420
-    snapshot.checkpoint_committed_step = 400
-    snapshot.checkpoint_committed_timestamp = 1_700_000_100.25
-    snapshot.restarts = {"inprocess": 3, "launcher": 1, "pod": 2}
-    snapshot.job_started_at = time.time() - 1000.0
-    snapshot.productive_seconds = 500.0
+    snapshot = Snapshot(
+        heartbeat_timestamp=1_700_000_123.5,
+        step=420,
+        checkpoint_committed_step=400,
+        checkpoint_committed_timestamp=1_700_000_100.25,
+        restarts={"inprocess": 3, "launcher": 1, "pod": 2},
+        job_started_at=time.time() - 1000.0,
+        productive_seconds=500.0,
+    )
+    metrics.watch(lambda: snapshot)
 
     sample = rank_sample_from_text(generate_latest(metrics.registry).decode(), local_rank=1)
 

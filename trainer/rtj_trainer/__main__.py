@@ -3,6 +3,12 @@
 Run one trainer worker (normally under `ft_launcher`, which starts one per local rank). Rank 0
 prints the summary JSON line as the last line of its output; the exit code is 0 only when the job
 reached its last step.
+
+Progress goes through one logger, `rtj_trainer`, set up here: its lines go to stdout as
+`[rtj-trainer] ...` (or `[rtj-trainer rank N] ...` for lines every rank writes, logged with
+`extra={"rank": N}`). Tests and benchmarks parse some of them (`resumed from ...`, `checkpoint
+step ... stall ... s`, `injecting fault ...`), so their text is a contract. Progress is INFO and
+always shown; `train.log_level` (RTJ_LOG_LEVEL) sets the level of everything else.
 """
 
 from __future__ import annotations
@@ -10,11 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 
 from .config import PRESETS, ConfigError, build_config, launch_environment
-from .faults import FaultSpecError, parse_faults
+
+log = logging.getLogger("rtj_trainer")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,22 +35,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+class _PrefixFormatter(logging.Formatter):
+    """`[rtj-trainer] message`, `[rtj-trainer rank N] message`; other levels than INFO are named."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        rank = getattr(record, "rank", None)
+        prefix = "[rtj-trainer]" if rank is None else f"[rtj-trainer rank {rank}]"
+        message = record.getMessage()
+        if record.exc_info:
+            message += "\n" + self.formatException(record.exc_info)
+        if record.levelno == logging.INFO:
+            return f"{prefix} {message}"
+        return f"{prefix} {record.levelname} {record.name}: {message}"
+
+
+def setup_logging(level: str) -> None:
+    """Other libraries (NVRx, torch) log to stderr at `level`, as before; the trainer's own
+    logger writes its prefixed lines to stdout, at INFO or below (progress is always shown)."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(_PrefixFormatter())
+    log.handlers[:] = [handler]
+    log.propagate = False
+    log.setLevel(min(logging.INFO, logging.getLevelName(level)))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = build_config(preset=args.preset or ("tiny" if args.config is None else None),
                            file=args.config, overrides=args.overrides)
-        parse_faults(cfg.faults)
-    except (ConfigError, FaultSpecError) as exc:
+    except ConfigError as exc:
         print(f"rtj_trainer: {exc}", file=sys.stderr)
         return 2
     if args.print_config:
         print(json.dumps(cfg.model_dump(), indent=1))
         return 0
-    logging.basicConfig(
-        level=os.environ.get("RTJ_LOG_LEVEL", "WARNING"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(cfg.train.log_level)
 
     # Heavy imports only after the config is known to be valid.
     from .metrics import TrainerMetrics
@@ -56,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                              attempt=cfg.job.attempt)
     if cfg.metrics.port is not None:
         port = metrics.serve(cfg.metrics.host, cfg.metrics.port)
-        print(f"[rtj-trainer rank {launch.rank}] metrics on http://{cfg.metrics.host}:{port}/metrics",
-              flush=True)
+        log.info("metrics on http://%s:%d/metrics", cfg.metrics.host, port,
+                 extra={"rank": launch.rank})
     resiliency = Resiliency(cfg, launch)
     try:
         summary = resiliency.run(lambda session: train(cfg, session, metrics))

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from .faults import Fault, FaultSpecError, parse_faults
 
 
 class ConfigError(ValueError):
@@ -92,6 +94,10 @@ class TrainConfig(_Section):
     mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
     """auto: bf16 compute with fp32 reduction on CUDA, fp32 on CPU."""
     log_every: int = Field(default=10, ge=1)
+    log_level: Literal["CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG",
+                       "NOTSET"] = "WARNING"
+    """Python logging level (env RTJ_LOG_LEVEL). The trainer's own progress lines are always
+    printed; this level is for everything else (NVRx, torch, the trainer's debug messages)."""
     run_dir: str | None = None
     """Where per-step losses (losses.jsonl) and job state go; default: checkpoint.dir."""
 
@@ -168,6 +174,20 @@ class Config(_Section):
     job: JobConfig = JobConfig()
     faults: str = ""
     """TRAINER_FAULTS: comma-separated STEP:RANK:KIND (see rtj_trainer.faults)."""
+    _fault_list: tuple[Fault, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _parse_faults(self) -> Config:
+        try:
+            self._fault_list = parse_faults(self.faults)
+        except FaultSpecError as exc:
+            raise ValueError(f"faults: {exc}") from None
+        return self
+
+    @property
+    def fault_list(self) -> tuple[Fault, ...]:
+        """`faults`, parsed (once, when the config was validated)."""
+        return self._fault_list
 
     @property
     def run_dir(self) -> Path:
@@ -211,7 +231,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-# Operator environment (docs/design.md) -> config path. Read only here.
+# Operator environment (docs/design.md), plus RTJ_LOG_LEVEL -> config path. Read only here.
 _OPERATOR_ENV: dict[str, str] = {
     "RTJ_JOB_NAME": "job.name",
     "RTJ_JOB_UID": "job.uid",
@@ -231,6 +251,7 @@ _OPERATOR_ENV: dict[str, str] = {
     "RTJ_INPROCESS_RESTART": "resiliency.inprocess_restart",
     "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "resiliency.heartbeat_timeout_seconds",
     "TRAINER_FAULTS": "faults",
+    "RTJ_LOG_LEVEL": "train.log_level",
 }
 
 

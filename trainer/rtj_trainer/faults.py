@@ -17,12 +17,14 @@ fires once per job, even across restarts: before firing, the rank creates a mark
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger(__name__)
 FAULT_KINDS = ("exception", "sigkill", "hang", "exit", "launcher-kill")
 
 
@@ -144,8 +146,7 @@ class FaultInjector:
         fault = self._by_step.get(step)
         if fault is None or not self._claim(fault):
             return
-        print(f"[rtj-trainer rank {self.rank}] injecting fault {fault.kind} at step {step}",
-              flush=True)
+        log.info("injecting fault %s at step %d", fault.kind, step, extra={"rank": self.rank})
         fire(fault)
 
 

@@ -9,102 +9,34 @@ Cumulative values survive restarts through files on the checkpoint volume:
 
 - `productive_seconds_total` is saved *inside each checkpoint* (the wall seconds of the steps up
   to that checkpoint), so after a resume it counts exactly the steps that were kept;
-- `job-state.json` (the ledger, written by rank 0 with tmp+rename) holds when the job started,
-  restarts by kind, and lost seconds. Lost seconds at a resume are "now minus the moment the
-  resumed step first completed": the recomputed steps, failure detection, restart and reload.
+- `job-state.json` (the ledger, rtj_trainer.ledger) holds when the job started, restarts by kind,
+  and lost seconds.
 
-Values are exposed through a custom collector, so a counter that goes down after an in-process
-restart (productive seconds rewound to the checkpoint) reads as a counter reset.
+The collector pulls its values from their sources on every scrape: the running attempt
+(rtj_trainer.trainer.Trainer.snapshot) reads the heartbeat from `resiliency.Session` (so the
+exported heartbeat is the one NVRx received, also while a checkpoint wait sends keepalive beats),
+the commit figures from the Checkpointer's stats and the restart figures from the ledger. Values
+are exposed through a custom collector, so a counter that goes down after an in-process restart
+(productive seconds rewound to the checkpoint) reads as a counter reset.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-RESTART_KINDS = ("inprocess", "launcher", "pod")
-LEDGER_FILE = "job-state.json"
-
-
-@dataclass(slots=True)
-class Ledger:
-    """Job-wide facts shared by every attempt (persisted as job-state.json)."""
-
-    started_at: float
-    restarts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESTART_KINDS, 0))
-    lost_seconds: float = 0.0
-    pod_attempts: dict[str, int] = field(default_factory=dict)
-    launcher_restart_count: int = 0
-    inprocess_iteration: int = 0
-
-    @classmethod
-    def read(cls, path: Path) -> Ledger | None:
-        try:
-            data = json.loads(path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-        return cls(**data)
-
-    def write(self, path: Path) -> None:
-        from .checkpoint import write_json_atomic
-
-        write_json_atomic(path, asdict(self))
-
-
-def classify_restart(
-    previous: Ledger | None,
-    *,
-    pod_attempts: dict[str, int],
-    launcher_restart_count: int,
-    inprocess_iteration: int,
-) -> str | None:
-    """Which restart (if any) brought this attempt up, from the last attempt's identity."""
-    if previous is None:
-        return None
-    if any(a > previous.pod_attempts.get(node, 0) for node, a in pod_attempts.items()):
-        return "pod"
-    if launcher_restart_count != previous.launcher_restart_count:
-        return "launcher"
-    if inprocess_iteration != previous.inprocess_iteration:
-        return "inprocess"
-    return "launcher"  # a new worker with an unchanged identity: count it, do not hide it
-
-
-def advance_ledger(
-    previous: Ledger | None,
-    *,
-    now: float,
-    pod_attempts: dict[str, int],
-    launcher_restart_count: int,
-    inprocess_iteration: int,
-    resumed_step_completed_at: float | None,
-) -> Ledger:
-    """The ledger for a new attempt: count its restart and the seconds the fault cost."""
-    ledger = Ledger(started_at=now) if previous is None else Ledger(**asdict(previous))
-    kind = classify_restart(previous, pod_attempts=pod_attempts,
-                            launcher_restart_count=launcher_restart_count,
-                            inprocess_iteration=inprocess_iteration)
-    if kind is not None:
-        ledger.restarts[kind] = ledger.restarts.get(kind, 0) + 1
-        since = resumed_step_completed_at if resumed_step_completed_at else ledger.started_at
-        ledger.lost_seconds += max(0.0, now - since)
-    ledger.pod_attempts = {**ledger.pod_attempts, **pod_attempts}
-    ledger.launcher_restart_count = launcher_restart_count
-    ledger.inprocess_iteration = inprocess_iteration
-    return ledger
+from .ledger import RESTART_KINDS
 
 
 @dataclass(slots=True)
 class Snapshot:
-    """Current values of one rank; the collector reads it on every scrape."""
+    """The values of one rank at one moment; built from the sources on every scrape."""
 
     heartbeat_timestamp: float = 0.0
     step: int = 0
@@ -130,7 +62,7 @@ class _SnapshotCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         m = self.metrics
-        s = m.snapshot
+        s = m.snapshot()
         base = ["rank", "local_rank"]
         ids = [str(m.rank), str(m.local_rank)]
 
@@ -179,18 +111,35 @@ class _SnapshotCollector(Collector):
 
 
 class TrainerMetrics:
-    """The rank's snapshot plus (optionally) the HTTP endpoint serving it."""
+    """The rank's metrics source plus (optionally) the HTTP endpoint serving it.
+
+    One per worker process; each attempt (in-process restarts make several) `watch`es it with
+    its own source and `unwatch`es it when it ends, which keeps the attempt's last values."""
 
     def __init__(self, *, rank: int, local_rank: int, job: str, attempt: int) -> None:
         self.rank = rank
         self.local_rank = local_rank
         self.job = job
         self.attempt = attempt
-        self.snapshot = Snapshot()
+        initial = Snapshot()
+        self._source: Callable[[], Snapshot] = lambda: initial
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_SnapshotCollector(self))
         self._server: Any = None
         self.port: int | None = None
+
+    def snapshot(self) -> Snapshot:
+        """The current values, read from the source now."""
+        return self._source()
+
+    def watch(self, source: Callable[[], Snapshot]) -> None:
+        """Read the values from `source` from now on (called by every scrape)."""
+        self._source = source
+
+    def unwatch(self) -> None:
+        """Keep the values as they are now and let go of the source (and what it holds)."""
+        last = self._source()
+        self._source = lambda: last
 
     def serve(self, host: str, base_port: int) -> int:
         """Start the endpoint on host:(base_port + local_rank); returns the port."""

@@ -26,8 +26,14 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from .checkpoint.format import CheckpointError
 from .config import Config, LaunchEnvironment
 from .model import GPT
+
+MODEL = "model"
+OPTIMIZER = "optimizer"
+SCHEDULER = "scheduler"
+"""Keys of `local_state()` in the checkpoint state (rtj_trainer.trainer adds the others)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +189,8 @@ def _into_template(template: Any, saved: Any, where: str) -> Any:
         local = template.to_local()
         if not isinstance(saved, torch.Tensor) or saved.shape != local.shape:
             got = tuple(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
-            raise ValueError(f"checkpoint shard mismatch at {where}: {got} vs {tuple(local.shape)}")
+            raise CheckpointError(
+                f"checkpoint shard mismatch at {where}: {got} vs {tuple(local.shape)}")
         local.copy_(saved)
         return template
     if isinstance(template, dict):
@@ -207,9 +214,9 @@ def local_state(
     """This rank's slice of model, optimizer and scheduler state (tensors still on the device)."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
     return {
-        "model": _to_local(model_sd),
-        "optimizer": _to_local(optim_sd),
-        "scheduler": scheduler.state_dict(),
+        MODEL: _to_local(model_sd),
+        OPTIMIZER: _to_local(optim_sd),
+        SCHEDULER: scheduler.state_dict(),
     }
 
 
@@ -223,10 +230,10 @@ def load_local_state(
     set_state_dict(
         model,
         optimizer,
-        model_state_dict=_into_template(model_template, saved["model"], "model"),
-        optim_state_dict=_into_template(optim_template, saved["optimizer"], "optimizer"),
+        model_state_dict=_into_template(model_template, saved[MODEL], MODEL),
+        optim_state_dict=_into_template(optim_template, saved[OPTIMIZER], OPTIMIZER),
     )
-    scheduler.load_state_dict(saved["scheduler"])
+    scheduler.load_state_dict(saved[SCHEDULER])
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Trainer config layering and TRAINER_FAULTS parsing: errors name the field or the entry."""
+"""Trainer config layering: preset < file < environment < --set; errors name the field."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from rtj_trainer.config import ConfigError, build_config, launch_environment
-from rtj_trainer.faults import Fault, FaultInjector, FaultSpecError, InjectedFault, parse_faults
 
 pytestmark = pytest.mark.unit
 
@@ -69,42 +68,3 @@ def test_launch_environment_reads_launcher_variables() -> None:
                                  "FT_RANK_MONITOR_IPC_SOCKET": "/tmp/x.socket"})
     assert (launch.rank, launch.local_rank, launch.world_size) == (3, 1, 4)
     assert launch.launcher_restart_count == 2 and launch.under_rank_monitor
-
-
-def test_fault_list_parses_every_kind() -> None:
-    faults = parse_faults(" 8:1:exception, 17:0:sigkill,26:1:hang,30:0:exit=3,40:2:launcher-kill,")
-    assert faults == (
-        Fault(8, 1, "exception"), Fault(17, 0, "sigkill"), Fault(26, 1, "hang"),
-        Fault(30, 0, "exit", 3), Fault(40, 2, "launcher-kill"),
-    )
-    assert parse_faults("") == ()
-
-
-@pytest.mark.parametrize(
-    ("text", "needle"),
-    [
-        ("8:1", "expected STEP:RANK:KIND"),
-        ("x:1:hang", "must be integers"),
-        ("0:1:hang", "STEP >= 1"),
-        ("8:1:explode", "unknown KIND 'explode'"),
-        ("8:1:exit=abc", "exit=CODE needs an integer"),
-        ("8:1:exit=0", "CODE must be 1..255"),
-        ("8:1:exit", "unknown KIND 'exit'"),
-    ],
-)
-def test_malformed_fault_entries_are_quoted_in_the_error(text: str, needle: str) -> None:
-    with pytest.raises(FaultSpecError) as caught:
-        parse_faults(text)
-    assert needle in str(caught.value) and text.split(",")[0] in str(caught.value)
-
-
-def test_a_fault_fires_once_per_job_even_for_a_new_process(tmp_path: Path) -> None:
-    faults = parse_faults("5:0:exception,5:1:hang")
-    first = FaultInjector(faults, rank=0, marker_dir=tmp_path)
-    first.maybe_fire(4)
-    with pytest.raises(InjectedFault):
-        first.maybe_fire(5)
-    assert (tmp_path / "step5-rank0-exception").exists()
-    restarted = FaultInjector(faults, rank=0, marker_dir=tmp_path)  # a later attempt
-    restarted.maybe_fire(5)  # already fired: does nothing
-    assert restarted.already_fired(faults[0]) and not restarted.already_fired(faults[1])

@@ -1,0 +1,130 @@
+"""The checkpoint directory: commit (manifest), validation and fallback, pruning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from checkpoint_helpers import save_checkpoint
+from rtj_trainer import checkpoint as ck
+
+pytestmark = pytest.mark.unit
+
+
+def test_manifest_lists_every_shard_with_size_and_chunk_sha256s(tmp_path: Path) -> None:
+    directory = save_checkpoint(tmp_path, 5)
+    manifest = ck.read_manifest(directory)
+    assert manifest.step == 5 and manifest.world_size == 2
+    for shard in manifest.shards:
+        path = directory / shard.file
+        assert shard.bytes == path.stat().st_size and len(shard.chunks) > 2
+        assert ck.chunk_tiling_problem(shard.chunks, shard.bytes) is None
+        ranges = [(chunk.offset, chunk.bytes) for chunk in shard.chunks]
+        assert [chunk.sha256 for chunk in shard.chunks] == ck.digest_ranges(path, ranges)
+
+
+def test_no_manifest_is_written_until_every_rank_has_a_shard(tmp_path: Path) -> None:
+    directory = save_checkpoint(tmp_path, 5, commit=False)
+    (directory / ck.shard_record_name(1, 2)).unlink()  # rank 1 still writing
+    assert ck.commit(directory, step=5, world_size=2, identity="a0") is None
+    assert not (directory / ck.MANIFEST).exists()
+    assert ck.committed_checkpoints(tmp_path) == []
+
+
+def test_resume_picks_the_newest_committed_checkpoint(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, 5)
+    newest = save_checkpoint(tmp_path, 10)
+    save_checkpoint(tmp_path, 15, commit=False)  # a writer killed mid-save: never committed
+    chosen, rejected = ck.newest_valid_checkpoint(tmp_path, world_size=2)
+    assert chosen == newest and rejected == []
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        ("truncate", "has"),
+        ("flip", "fails its sha256"),
+        ("flip-last", "fails its sha256"),
+        ("delete", "is missing"),
+        ("manifest", "unreadable manifest"),
+    ],
+)
+def test_an_invalid_newest_checkpoint_falls_back_to_the_previous(
+    tmp_path: Path, damage: str, needle: str
+) -> None:
+    previous = save_checkpoint(tmp_path, 5)
+    newest = save_checkpoint(tmp_path, 10)
+    shard = newest / ck.shard_file_name(1, 2)
+    if damage == "truncate":
+        shard.write_bytes(shard.read_bytes()[:-7])
+    elif damage in ("flip", "flip-last"):
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2 if damage == "flip" else -1] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    elif damage == "delete":
+        shard.unlink()
+    else:
+        (newest / ck.MANIFEST).write_text("{not json")
+    chosen, rejected = ck.newest_valid_checkpoint(tmp_path, world_size=2)
+    assert chosen == previous
+    assert any(needle in problem for problem in rejected), rejected
+
+
+def test_a_checkpoint_from_another_world_size_is_rejected(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, 5, world_size=2)
+    chosen, rejected = ck.newest_valid_checkpoint(tmp_path, world_size=4)
+    assert chosen is None and "written by 2 ranks, this job has 4" in rejected[0]
+
+
+def test_a_manifest_with_missing_ranks_is_malformed(tmp_path: Path) -> None:
+    directory = save_checkpoint(tmp_path, 5)
+    data = json.loads((directory / ck.MANIFEST).read_text())
+    data["shards"] = data["shards"][:1]
+    (directory / ck.MANIFEST).write_text(json.dumps(data))
+    assert "manifest lists ranks [0] for world size 2" in ck.validation_problems(
+        directory, world_size=2, verify_ranks=None, verify_checksums=False)[0]
+
+
+def test_a_manifest_whose_chunks_leave_bytes_unchecked_is_malformed(tmp_path: Path) -> None:
+    directory = save_checkpoint(tmp_path, 5)
+    data = json.loads((directory / ck.MANIFEST).read_text())
+    data["shards"][1]["chunks"] = data["shards"][1]["chunks"][:-1]
+    (directory / ck.MANIFEST).write_text(json.dumps(data))
+    (problem,) = ck.validation_problems(directory, world_size=2, verify_ranks=None,
+                                        verify_checksums=True)
+    assert "malformed manifest" in problem and "chunks cover" in problem
+
+
+def test_a_manifest_of_the_old_format_is_rejected(tmp_path: Path) -> None:
+    directory = save_checkpoint(tmp_path, 5)
+    data = json.loads((directory / ck.MANIFEST).read_text())
+    data["format"] = 1
+    (directory / ck.MANIFEST).write_text(json.dumps(data))
+    chosen, rejected = ck.newest_valid_checkpoint(tmp_path, world_size=2)
+    assert chosen is None and "manifest format 1, expected 2" in rejected[0]
+
+
+def test_pruning_keeps_the_last_k_and_drops_abandoned_partial_saves(tmp_path: Path) -> None:
+    for step in (5, 10, 15):
+        save_checkpoint(tmp_path, step)
+    abandoned = save_checkpoint(tmp_path, 12, commit=False)
+    in_flight = save_checkpoint(tmp_path, 20, commit=False)
+    deleted = ck.prune(tmp_path, keep=2)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert [ck.step_of(n) for n in names] == [10, 15, 20]
+    assert abandoned in deleted and in_flight.exists()
+
+
+def test_pruning_hides_doomed_checkpoints_at_once_and_defers_the_slow_delete(
+    tmp_path: Path,
+) -> None:
+    for step in (5, 10, 15):
+        save_checkpoint(tmp_path, step)
+    handed_over: list[Path] = []
+    ck.prune(tmp_path, keep=2, delete=handed_over.append)  # a background deleter, not yet run
+    assert [p.name for p in handed_over] == [".deleting-" + ck.checkpoint_dir_name(5, "a0-l0-i0-1")]
+    assert handed_over[0].is_dir()  # still on disk, but no longer a checkpoint
+    assert [ck.step_of(p.name) for p in ck.committed_checkpoints(tmp_path)] == [15, 10]
+    ck.prune(tmp_path, keep=2)  # a later prune finishes what a dead process left behind
+    assert not handed_over[0].exists()

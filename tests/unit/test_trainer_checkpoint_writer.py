@@ -1,0 +1,67 @@
+"""The shard writer: bit-exact round trips across chunk edges and threads, failures that
+leave an error record and no temporary file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from checkpoint_helpers import save_checkpoint, stage
+from rtj_trainer import checkpoint as ck
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_shard_round_trips_tensors_and_python_values(tmp_path: Path) -> None:
+    directory = save_checkpoint(tmp_path, 5)
+    state = ck.read_shard(directory / ck.shard_file_name(1, 2))
+    assert torch.equal(state["w"], torch.full((4, 3), 51.0))
+    assert state["step"] == 5 and torch.equal(state["nested"][0], torch.arange(3))
+    assert state["nested"][1]["rng"].dtype == torch.uint8
+
+
+def test_a_shard_round_trips_bit_exactly_across_chunk_boundaries(tmp_path: Path) -> None:
+    generator = torch.Generator().manual_seed(3)
+    tensors = {"bf16": torch.randn(257, 3, generator=generator).to(torch.bfloat16),
+               "fp32": torch.randn(1001, generator=generator),
+               "int64": torch.randint(-(2**62), 2**62, (77,), generator=generator),
+               "empty": torch.zeros(0), "scalar": torch.tensor(2.5)}
+    skeleton, layout, blob = stage({**tensors, "text": "kept"})
+    path = tmp_path / "shard.bin"
+    ck.write_shard(str(path), str(tmp_path / "rec.json"), skeleton, layout, blob, 0, False, 0.0,
+                   chunk_bytes=1000, threads=4)  # chunk edges fall inside tensors
+    loaded = ck.read_shard(path)
+    for key, saved in tensors.items():
+        assert loaded[key].dtype == saved.dtype and loaded[key].shape == saved.shape
+        as_bytes = [t.reshape(-1).view(torch.uint8).tolist() for t in (loaded[key], saved)]
+        assert as_bytes[0] == as_bytes[1]
+    assert loaded["text"] == "kept"
+
+
+def test_parallel_writers_produce_the_same_file_as_one(tmp_path: Path) -> None:
+    skeleton, layout, blob = stage({"x": torch.randn(5000), "y": torch.arange(999)})
+    for name, threads in (("one", 1), ("many", 8)):
+        ck.write_shard(str(tmp_path / f"{name}.bin"), str(tmp_path / f"{name}.json"), skeleton,
+                       layout, blob, 0, False, 0.0, chunk_bytes=4096, threads=threads)
+    one, many = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "many"))
+    assert (tmp_path / "one.bin").read_bytes() == (tmp_path / "many.bin").read_bytes()
+    assert one["chunks"] == many["chunks"] and len(many["chunks"]) == 1 + 7  # header + 28,032 B
+    assert many["writer"]["threads"] == 8 and many["writer"]["seconds"] > 0
+
+
+def test_a_failed_write_leaves_an_error_record_and_no_commit(tmp_path: Path) -> None:
+    directory = tmp_path / ck.checkpoint_dir_name(5, "x")  # never created: the write fails
+    ck.write_shard(str(directory / "shard.bin"), str(tmp_path / "rec.json"), {}, [],
+                   torch.zeros(64, dtype=torch.uint8), 0, True, 0.0)
+    assert (tmp_path / "rec.json.error").exists() and not (tmp_path / "rec.json").exists()
+
+
+def test_a_write_that_fails_midway_leaves_no_temporary_file(tmp_path: Path) -> None:
+    (tmp_path / "shard.bin" / "in-the-way").mkdir(parents=True)  # written, then not renamed
+    skeleton, layout, blob = stage({"x": torch.arange(100)})
+    ck.write_shard(str(tmp_path / "shard.bin"), str(tmp_path / "rec.json"), skeleton, layout,
+                   blob, 0, True, 0.0)
+    assert (tmp_path / "rec.json.error").exists() and not (tmp_path / "rec.json").exists()
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]

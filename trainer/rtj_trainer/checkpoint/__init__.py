@@ -1,0 +1,84 @@
+"""Per-rank sharded checkpoints, written asynchronously by NVRx, committed atomically by a manifest.
+
+The package, in dependency order (each module imports only those before it):
+
+- `staging`: a nested state -> (skeleton, layout) + one flat host buffer (the stall);
+- `format`: names, shard files, shard records, the manifest, digests (`FORMAT_VERSION`);
+- `writer`: the shard writer that runs in NVRx's persistent worker process;
+- `store`: the checkpoint directory: validate, commit, prune, the commit log;
+- `checkpointer`: `Checkpointer`, the adapter the step loop uses (save/poll/load).
+
+Each module's docstring says why it is shaped as it is. The names below are the package's public
+face; `TensorSlot` and `TensorLayout` must stay importable from here because shard headers pickle
+them under this module's name (see `staging`).
+"""
+
+from .checkpointer import Checkpointer, CheckpointStats, LoadedCheckpoint
+from .format import (
+    FORMAT_VERSION,
+    MANIFEST,
+    CheckpointError,
+    ChunkDigest,
+    Manifest,
+    ShardRecord,
+    checkpoint_dir_name,
+    chunk_tiling_problem,
+    digest_ranges,
+    read_manifest,
+    read_shard,
+    shard_file_name,
+    shard_record_name,
+    step_of,
+)
+from .staging import (
+    HostStaging,
+    TensorLayout,
+    TensorSlot,
+    flatten_state,
+    plan_layout,
+    stage_to_host,
+    tensor_views,
+)
+from .store import (
+    commit,
+    committed_checkpoints,
+    newest_valid_checkpoint,
+    prune,
+    read_commit_log,
+    validation_problems,
+)
+from .writer import write_shard
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "CheckpointError",
+    "CheckpointStats",
+    "Checkpointer",
+    "ChunkDigest",
+    "HostStaging",
+    "LoadedCheckpoint",
+    "Manifest",
+    "ShardRecord",
+    "TensorLayout",
+    "TensorSlot",
+    "checkpoint_dir_name",
+    "chunk_tiling_problem",
+    "commit",
+    "committed_checkpoints",
+    "digest_ranges",
+    "flatten_state",
+    "newest_valid_checkpoint",
+    "plan_layout",
+    "prune",
+    "read_commit_log",
+    "read_manifest",
+    "read_shard",
+    "shard_file_name",
+    "shard_record_name",
+    "stage_to_host",
+    "step_of",
+    "tensor_views",
+    "validation_problems",
+    "write_shard",
+]

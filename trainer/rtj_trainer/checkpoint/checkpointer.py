@@ -1,0 +1,325 @@
+"""The per-rank checkpointer the step loop uses: the one adapter around NVRx async checkpointing.
+
+Why this shape:
+
+- **One writer per rank.** `save` stages the state into the rank's flat host buffer
+  (rtj_trainer.checkpoint.staging) and hands it to NVRx's persistent writer process
+  (`AsyncCallsQueue(persistent=True, cpu_shm_mode=True)`), which runs
+  rtj_trainer.checkpoint.writer. The step loop is blocked only for the device-to-host copy.
+- **Device differences live here only.** `cpu_shm_mode=True` keeps the writer process away from
+  CUDA on every device (the writer only ever sees host memory), and the queue is polled with
+  `no_dist=True`, which needs no CUDA tensor. That is the only NVRx async path that works
+  unpatched on CPU (docs/nvrx.md, C1); on CUDA the staging copy is the one extra step.
+- **Commits are noticed by polling** (`poll`, every step, no collectives): rank 0 commits
+  (rtj_trainer.checkpoint.store), the other ranks see the manifest appear. `load_latest` is the
+  one collective: every rank validates its own shard and they agree with an all-reduce, falling
+  back to the previous checkpoint if any rank finds a problem.
+- **A synchronous mode for comparison** writes in the training process, then barriers and commits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..config import CheckpointConfig
+from .format import (
+    MANIFEST,
+    CheckpointError,
+    Manifest,
+    checkpoint_dir_name,
+    read_manifest,
+    read_shard,
+    shard_file_name,
+    shard_record_name,
+)
+from .staging import HostStaging, flatten_state, plan_layout, stage_to_host
+from .store import (
+    BackgroundDeleter,
+    append_commit_log,
+    commit,
+    committed_checkpoints,
+    prune,
+    validation_problems,
+    write_latest_committed_step,
+)
+from .writer import arm_writer, write_shard
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Pending:
+    step: int
+    directory: Path
+    started_at: float
+    stall_seconds: float
+    written: bool = False
+    wait_seconds: float = 0.0
+    """Of the stall: waiting for this rank's previous write to finish (buffer reuse)."""
+    copy_seconds: float = 0.0
+    """Of the stall: staging the state into the host buffer."""
+
+
+@dataclass(slots=True)
+class CheckpointStats:
+    """What metrics and the summary need; updated by `save` and `poll`."""
+
+    last_stall_seconds: float = 0.0
+    last_wait_seconds: float = 0.0
+    last_copy_seconds: float = 0.0
+    last_write_seconds: float = 0.0
+    committed_step: int = -1
+    committed_at: float = 0.0
+    commits_this_attempt: int = 0
+    newly_committed: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedCheckpoint:
+    directory: Path
+    manifest: Manifest
+    state: dict[str, Any]
+    rejected: tuple[str, ...]
+
+
+class Checkpointer:
+    """Save/poll/load for one rank. All ranks call `save` at the same steps and `load` together;
+    `poll` is local (no collectives) and is called every step."""
+
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        *,
+        root: Path,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        identity: str,
+        on_commit: Callable[[Manifest], None] | None = None,
+        keepalive: Callable[[], object] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.root = root
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.identity = identity
+        self.on_commit = on_commit
+        self.keepalive = keepalive
+        self._last_keepalive = 0.0
+        """Called while the step loop is blocked waiting on I/O (heartbeats keep flowing)."""
+        self.stats = CheckpointStats()
+        self._pending: list[_Pending] = []
+        self._staging = HostStaging()
+        self._deleter = BackgroundDeleter()
+        self._queue: Any = None
+        root.mkdir(parents=True, exist_ok=True)
+        newest = committed_checkpoints(root)
+        if newest:
+            with contextlib.suppress(CheckpointError):
+                manifest = read_manifest(newest[0])
+                self.stats.committed_step = manifest.step
+                self.stats.committed_at = manifest.committed_at
+        if cfg.mode == "async" and cfg.interval_steps:
+            self._async_queue()  # spawn the writer now, not at the first save
+
+    # -- saving ---------------------------------------------------------------------------
+
+    def _async_queue(self) -> Any:
+        if self._queue is None:
+            from nvidia_resiliency_ext.checkpointing.async_ckpt.core import (
+                AsyncCallsQueue,
+                AsyncRequest,
+            )
+
+            self._queue = AsyncCallsQueue(persistent=True, cpu_shm_mode=True)
+            # Spawn the writer now (not at the first save) and tie its life to ours at once.
+            self._queue.schedule_async_request(AsyncRequest(arm_writer, (os.getpid(),), []))
+        return self._queue
+
+    def _keep_alive(self) -> None:
+        now = time.monotonic()
+        if self.keepalive is not None and now - self._last_keepalive > 0.5:
+            self._last_keepalive = now
+            self.keepalive()
+
+    def _wait_for_local_write(self) -> None:
+        """Block until this rank's in-flight writes are finalized (before reusing the buffer).
+        The writer's start-up request is not waited for: a write simply queues behind it."""
+        while self._queue is not None and any(not p.written for p in self._pending):
+            self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
+            if all(p.written for p in self._pending):
+                break
+            caller = self._queue.persistent_caller if self._queue is not None else None
+            process = caller.process if caller is not None else None
+            if process is not None and not process.is_alive():
+                raise CheckpointError("the NVRx checkpoint writer process died")
+            self._keep_alive()
+            time.sleep(0.005)
+
+    def prepare(self, state: dict[str, Any]) -> None:
+        """Allocate (and page-lock) the staging buffer for a state shaped like `state` now, so
+        that the first save's stall is the copy, not a multi-GB allocation."""
+        tensors: list[torch.Tensor] = []
+        flatten_state(state, tensors)
+        self._staging.ensure(plan_layout(tensors)[1], self.device)
+
+    def save(self, step: int, state: dict[str, Any]) -> float:
+        """Start saving `state` for `step`; returns the seconds the step loop was blocked."""
+        began = time.perf_counter()
+        self._wait_for_local_write()
+        waited = time.perf_counter()
+        directory = self.root / checkpoint_dir_name(step, self.identity)
+        directory.mkdir(parents=True, exist_ok=True)
+        skeleton, layout, blob = stage_to_host(state, self.device, self._staging)
+        copied = time.perf_counter()
+        args = (
+            str(directory / shard_file_name(self.rank, self.world_size)),
+            str(directory / shard_record_name(self.rank, self.world_size)),
+            skeleton,
+            layout,
+            blob,
+            self.rank,
+        )
+        pending = _Pending(step, directory, time.time(), 0.0,
+                           wait_seconds=waited - began, copy_seconds=copied - waited)
+        if self.cfg.mode == "async":
+            from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+
+            def finalize() -> None:
+                pending.written = True
+
+            request = AsyncRequest(
+                write_shard, (*args, True, self.cfg.test_write_delay_seconds), [finalize]
+            )
+            self._async_queue().schedule_async_request(request)
+            self._pending.append(pending)
+        else:
+            write_shard(*args, False, self.cfg.test_write_delay_seconds)
+            pending.written = True
+            self._pending.append(pending)
+            pending.stall_seconds = time.perf_counter() - began  # so far; the commit logs it
+            dist.barrier()
+            self.poll()
+        pending.stall_seconds = time.perf_counter() - began
+        self.stats.last_stall_seconds = pending.stall_seconds
+        self.stats.last_wait_seconds = pending.wait_seconds
+        self.stats.last_copy_seconds = pending.copy_seconds
+        return pending.stall_seconds
+
+    def poll(self) -> CheckpointStats:
+        """Finalize finished local writes; rank 0 commits complete checkpoints; everyone notices
+        commits. Cheap: a queue poll and a few stats, no collectives."""
+        self.stats.newly_committed = []
+        if self._queue is not None and self._queue.get_num_unfinalized_calls():
+            self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
+        while self._pending:
+            pending = self._pending[0]
+            manifest_path = pending.directory / MANIFEST
+            if self.rank == 0:
+                manifest = commit(pending.directory, step=pending.step,
+                                  world_size=self.world_size, identity=self.identity)
+                if manifest is None:
+                    break
+                self._after_commit(manifest, pending)
+            elif manifest_path.exists():
+                with contextlib.suppress(CheckpointError):
+                    self._note_commit(read_manifest(pending.directory))
+            else:
+                break
+            self.stats.last_write_seconds = time.time() - pending.started_at
+            self._pending.pop(0)
+        return self.stats
+
+    def _note_commit(self, manifest: Manifest) -> None:
+        self.stats.committed_step = manifest.step
+        self.stats.committed_at = manifest.committed_at
+        self.stats.commits_this_attempt += 1
+        self.stats.newly_committed.append(manifest.step)
+
+    def _after_commit(self, manifest: Manifest, pending: _Pending) -> None:
+        self._note_commit(manifest)
+        writers = [shard.writer for shard in manifest.shards]
+        line = {
+            "step": manifest.step,
+            "identity": manifest.identity,
+            "committed_at": manifest.committed_at,
+            "bytes": sum(shard.bytes for shard in manifest.shards),
+            "save_to_commit_seconds": round(manifest.committed_at - pending.started_at, 4),
+            "rank0_stall": {"seconds": round(pending.stall_seconds, 4),
+                            "wait_seconds": round(pending.wait_seconds, 4),
+                            "copy_seconds": round(pending.copy_seconds, 4)},
+            "slowest_writer": max(writers, key=lambda w: w.get("seconds", 0.0), default={}),
+            "shard_bytes_max": max(shard.bytes for shard in manifest.shards),
+        }
+        append_commit_log(self.root, line)
+        write_latest_committed_step(self.root, manifest.step)
+        prune(self.root, keep=self.cfg.keep, delete=self._deleter)
+        if self.on_commit is not None:
+            self.on_commit(manifest)
+
+    def wait_until_committed(self, timeout_seconds: float = 600.0) -> None:
+        """Block until every save of this rank is committed (used at the end of training)."""
+        deadline = time.monotonic() + timeout_seconds
+        self._wait_for_local_write()
+        while self._pending:
+            self.poll()
+            if not self._pending:
+                break
+            if time.monotonic() > deadline:
+                raise CheckpointError(f"checkpoint step {self._pending[0].step} never committed")
+            self._keep_alive()
+            time.sleep(0.01)
+
+    # -- loading --------------------------------------------------------------------------
+
+    def _agree(self, ok: bool) -> bool:
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32,
+                            device=self.device if self.device.type == "cuda" else "cpu")
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def load_latest(self) -> LoadedCheckpoint | None:
+        """Collective: the newest checkpoint that every rank finds valid, or None."""
+        names = [[p.name for p in committed_checkpoints(self.root)]]
+        dist.broadcast_object_list(names, src=0)
+        rejected: list[str] = []
+        for name in names[0]:
+            directory = self.root / name
+            problems = validation_problems(
+                directory,
+                world_size=self.world_size,
+                verify_ranks=(self.rank,),
+                verify_checksums=self.cfg.verify_checksums,
+            )
+            if not self._agree(not problems):
+                rejected.extend(problems or [f"{name}: rejected by another rank"])
+                log.warning("not resuming from %s: %s", name, problems or "another rank's shard")
+                continue
+            manifest = read_manifest(directory)
+            state = read_shard(directory / shard_file_name(self.rank, self.world_size))
+            return LoadedCheckpoint(directory, manifest, state, tuple(rejected))
+        return None
+
+    def close(self, *, abort: bool = False) -> None:
+        if self._queue is not None:
+            if abort:
+                self._queue.close(abort=True)
+            else:
+                self._wait_for_local_write()
+                self._queue.maybe_finalize_async_calls(blocking=True, no_dist=True)
+                self._queue.close()
+            self._queue = None
+        self._staging.release()
+        if not abort:
+            self._deleter.drain()

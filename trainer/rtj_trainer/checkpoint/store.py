@@ -1,0 +1,225 @@
+"""The checkpoint directory: validation, the commit (manifest), pruning, and the commit log.
+
+Why this shape: **commit = manifest.** A writer fsyncs its shard, renames it into place, then
+writes a shard record (size, chunk digests, its own timings). Rank 0 polls (a few `stat`s per
+step, no collectives) and, once every rank's record exists, writes `manifest.json` through
+tmp + fsync + rename (`commit`). Only directories with a manifest count. Resume walks committed
+checkpoints newest first and validates each (world size, shard count, sizes, chunk checksums);
+`validation_problems` says why one cannot be used. The last `keep` committed checkpoints are kept
+(`prune`), and the slow delete runs off the step loop (`BackgroundDeleter`).
+
+Besides the checkpoints, the root holds two files that other programs read:
+`commits.jsonl` (one record per commit, for benchmarks and the summary: `read_commit_log`) and
+`latest-committed-step` (ft_launcher's `--ft-checkpoint-iteration-file`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..files import write_json_atomic
+from .format import (
+    MANIFEST,
+    CheckpointError,
+    Manifest,
+    ShardRecord,
+    checksum_problems,
+    read_manifest,
+    shard_record_name,
+    step_of,
+)
+
+COMMIT_LOG = "commits.jsonl"
+LATEST_COMMITTED_STEP = "latest-committed-step"
+
+
+def validation_problems(
+    ckpt_dir: Path, *, world_size: int, verify_ranks: tuple[int, ...] | None, verify_checksums: bool
+) -> list[str]:
+    """Why `ckpt_dir` cannot be resumed at `world_size` (empty list: it can).
+
+    Sizes of all shards are always checked; chunk checksums only for `verify_ranks` (None: all),
+    so each rank can hash just its own shard.
+    """
+    try:
+        manifest = read_manifest(ckpt_dir)
+    except CheckpointError as exc:
+        return [str(exc)]
+    problems = []
+    if manifest.world_size != world_size:
+        problems.append(
+            f"{ckpt_dir.name}: written by {manifest.world_size} ranks, this job has {world_size}"
+        )
+    if step_of(ckpt_dir.name) != manifest.step:
+        problems.append(f"{ckpt_dir.name}: manifest says step {manifest.step}")
+    for shard in manifest.shards:
+        path = ckpt_dir / shard.file
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            problems.append(f"{ckpt_dir.name}: shard {shard.file} is missing")
+            continue
+        if size != shard.bytes:
+            problems.append(f"{ckpt_dir.name}: shard {shard.file} has {size} bytes, "
+                            f"manifest says {shard.bytes}")
+            continue
+        wanted = verify_ranks is None or shard.rank in verify_ranks
+        if verify_checksums and wanted and (bad := checksum_problems(path, shard)):
+            problems.append(f"{ckpt_dir.name}: shard {shard.file} fails its sha256 "
+                            f"({len(bad)} of {len(shard.chunks)} chunks: {', '.join(bad[:3])})")
+    return problems
+
+
+def committed_checkpoints(root: Path) -> list[Path]:
+    """Directories with a manifest, newest step first (ties: newest manifest first)."""
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        step = step_of(entry.name)
+        manifest = entry / MANIFEST
+        if step is not None and manifest.is_file():
+            found.append((step, manifest.stat().st_mtime, entry))
+    found.sort(key=lambda item: (item[0], item[1]), reverse=True)
+    return [entry for _, _, entry in found]
+
+
+def newest_valid_checkpoint(
+    root: Path, *, world_size: int, verify_checksums: bool = True
+) -> tuple[Path | None, list[str]]:
+    """Single-process view (tools, tests): the checkpoint a resume would pick, and the rejects."""
+    rejected: list[str] = []
+    for ckpt_dir in committed_checkpoints(root):
+        problems = validation_problems(
+            ckpt_dir, world_size=world_size, verify_ranks=None, verify_checksums=verify_checksums
+        )
+        if not problems:
+            return ckpt_dir, rejected
+        rejected.extend(problems)
+    return None, rejected
+
+
+def commit(ckpt_dir: Path, *, step: int, world_size: int, identity: str) -> Manifest | None:
+    """Rank 0: write the manifest if every rank's shard record is there; else None."""
+    records = []
+    for rank in range(world_size):
+        path = ckpt_dir / shard_record_name(rank, world_size)
+        if not path.is_file():
+            return None
+        record = ShardRecord.from_json(json.loads(path.read_text()))
+        if record.rank != rank:
+            raise CheckpointError(f"{path} is rank {record.rank}'s record")
+        records.append(record)
+    manifest = Manifest(step=step, world_size=world_size, shards=tuple(records),
+                        committed_at=time.time(), identity=identity)
+    write_json_atomic(ckpt_dir / MANIFEST, manifest.to_json())
+    return manifest
+
+
+_TRASH_PREFIX = ".deleting-"
+
+
+def _remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def prune(root: Path, *, keep: int, delete: Callable[[Path], object] = _remove_tree) -> list[Path]:
+    """Delete committed checkpoints beyond the newest `keep`, and abandoned uncommitted ones
+    (older than the newest committed). Returns what was deleted.
+
+    Each doomed directory is first renamed to `.deleting-<name>` (instant; resume no longer sees
+    it), then handed to `delete`, which may be slow (unlinking an 11 GB shard took ~4 s on an
+    ext4 volume with `discard`), so the Checkpointer passes a background deleter. Leftover
+    `.deleting-*` directories (a process died mid-delete) are handed to `delete` again."""
+    committed = committed_checkpoints(root)
+    doomed = committed[keep:]
+    leftovers = []
+    if committed:
+        newest = step_of(committed[0].name) or 0
+        for entry in root.iterdir():
+            step = step_of(entry.name)
+            if step is not None and step <= newest and not (entry / MANIFEST).exists():
+                doomed.append(entry)
+            elif entry.name.startswith(_TRASH_PREFIX):
+                leftovers.append(entry)
+    for entry in doomed:
+        trash = entry.with_name(_TRASH_PREFIX + entry.name)
+        try:
+            os.rename(entry, trash)
+        except OSError:
+            trash = entry  # e.g. a leftover of the same name: delete it where it is
+        delete(trash)
+    for entry in leftovers:
+        delete(entry)
+    return doomed
+
+
+class BackgroundDeleter:
+    """Deletes directories one after another on a daemon thread, off the step loop."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Path] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, path: Path) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="rtj-checkpoint-deleter",
+                                            daemon=True)
+            self._thread.start()
+        self._queue.put(path)
+
+    def _run(self) -> None:
+        while True:
+            path = self._queue.get()
+            try:
+                _remove_tree(path)
+            finally:
+                self._queue.task_done()
+
+    def drain(self) -> None:
+        """Wait until everything handed over so far is deleted."""
+        self._queue.join()
+
+
+
+
+def append_commit_log(root: Path, record: dict[str, Any]) -> None:
+    """Rank 0, after each commit: one JSON line in `commits.jsonl`."""
+    with open(root / COMMIT_LOG, "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+def read_commit_log(root: Path) -> list[dict[str, Any]]:
+    """The `commits.jsonl` records, oldest first ([] before the first commit).
+
+    A line that is not JSON (torn by a process killed mid-append) reads as `{}`, so the length is
+    still the number of commit lines."""
+    try:
+        lines = (root / COMMIT_LOG).read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    records: list[dict[str, Any]] = []
+    for line in lines:
+        if not line:
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = {}
+        records.append(record if isinstance(record, dict) else {})
+    return records
+
+
+def write_latest_committed_step(root: Path, step: int) -> None:
+    """The file ft_launcher's progress tracker reads (--ft-checkpoint-iteration-file)."""
+    tmp = root / f".{LATEST_COMMITTED_STEP}.tmp-{os.getpid()}"
+    tmp.write_text(f"{step}\n")
+    os.replace(tmp, root / LATEST_COMMITTED_STEP)

@@ -1,0 +1,163 @@
+"""The shard writer: runs inside NVRx's persistent worker process (async mode) or inline (sync).
+
+Why this shape:
+
+- **A fast writer.** The shard (`format.encode_header` then the staged buffer's raw bytes) is
+  split into chunks that several threads hash (sha256 per chunk; hashlib and `os.pwrite` release
+  the GIL) and write with `os.pwrite` at their offsets in one file, starting the kernel's
+  writeback per chunk; one fsync at the end, then the rename into place and the shard record.
+- **A writer dies with its trainer** (`PR_SET_PDEATHSIG`, armed by `arm_writer` as the first
+  request to a fresh NVRx worker), so a killed rank cannot leave a writer behind that later
+  completes a stale shard.
+- **Failures never kill the persistent worker:** a failed write leaves `<record>.error` and no
+  shard record, so the checkpoint simply never commits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..files import fsync_dir, write_json_atomic
+from .format import (
+    SLICE_BYTES,
+    WRITE_CHUNK_BYTES,
+    WRITE_THREADS,
+    CheckpointError,
+    ChunkDigest,
+    ShardRecord,
+    encode_header,
+)
+from .staging import TensorLayout
+
+
+def _die_with_parent() -> None:
+    """Make the kernel SIGKILL this writer when its trainer dies (Linux prctl)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def arm_writer(trainer_pid: int) -> None:
+    """First request to a fresh NVRx writer: die with the trainer from now on."""
+    _die_with_parent()
+    if os.getppid() != trainer_pid:
+        os._exit(0)
+
+
+def _byte_view(blob: torch.Tensor) -> memoryview:
+    """A zero-copy view of a contiguous CPU uint8 tensor's bytes (no numpy needed)."""
+    if blob.device.type != "cpu" or blob.dtype != torch.uint8 or not blob.is_contiguous():
+        raise CheckpointError("the staged blob must be a contiguous CPU uint8 tensor")
+    array = (ctypes.c_ubyte * blob.numel()).from_address(blob.data_ptr())
+    return memoryview(array).cast("B")
+
+
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _start_writeback_function() -> Callable[[int, int, int], object] | None:
+    """Linux `sync_file_range(..., SYNC_FILE_RANGE_WRITE)`: start writing a range to disk now
+    without waiting, so the final fsync finds little left to do. None where unavailable."""
+    try:
+        function = ctypes.CDLL("libc.so.6", use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return lambda fd, offset, nbytes: function(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
+
+
+def _write_chunk(fd: int, data: memoryview, offset: int,
+                 start_writeback: Callable[[int, int, int], object] | None) -> str:
+    """Hash and pwrite one chunk (slice by slice, so the write reads cache-warm bytes)."""
+    digest = hashlib.sha256()
+    for begin in range(0, len(data), SLICE_BYTES):
+        piece = data[begin : begin + SLICE_BYTES]
+        digest.update(piece)
+        done = 0
+        while done < len(piece):
+            done += os.pwrite(fd, piece[done:], offset + begin + done)
+    if start_writeback is not None:
+        start_writeback(fd, offset, len(data))
+    return digest.hexdigest()
+
+
+def write_shard(
+    shard_path: str,
+    record_path: str,
+    skeleton: Any,
+    layout: list[TensorLayout],
+    blob: torch.Tensor,
+    rank: int,
+    in_worker: bool,
+    delay_seconds: float,
+    chunk_bytes: int = WRITE_CHUNK_BYTES,
+    threads: int = WRITE_THREADS,
+) -> None:
+    """Write one rank's shard durably, then its record; failures leave a `.error` file instead.
+
+    File = `encode_header(...)` then the blob's raw bytes. Chunk 0 is the header, then the blob
+    in `chunk_bytes` pieces; `threads` threads hash and pwrite them; one fsync at the end.
+    """
+    if in_worker:
+        _die_with_parent()
+    if delay_seconds:
+        time.sleep(delay_seconds)
+    shard = Path(shard_path)
+    tmp = shard.with_name(f".{shard.name}.tmp-{os.getpid()}")
+    try:
+        began = time.perf_counter()
+        data = _byte_view(blob)
+        header = encode_header(skeleton, layout, len(data))
+        pieces = [(memoryview(header), 0)] + [
+            (data[start : start + chunk_bytes], len(header) + start)
+            for start in range(0, len(data), max(1, chunk_bytes))
+        ]
+        start_writeback = _start_writeback_function()
+        workers = max(1, min(threads, len(pieces)))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            if workers == 1:
+                digests = [_write_chunk(fd, view, at, start_writeback) for view, at in pieces]
+            else:
+                with ThreadPoolExecutor(max_workers=workers) as pool:
+                    digests = list(pool.map(
+                        lambda item: _write_chunk(fd, item[0], item[1], start_writeback), pieces))
+            written = time.perf_counter()
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        synced = time.perf_counter()
+        os.replace(tmp, shard)
+        fsync_dir(shard.parent)
+        total = len(header) + len(data)
+        record = ShardRecord(
+            rank, shard.name, total,
+            tuple(ChunkDigest(at, len(view), digest)
+                  for (view, at), digest in zip(pieces, digests, strict=True)),
+            {"seconds": round(time.perf_counter() - began, 4),
+             "write_seconds": round(written - began, 4),
+             "fsync_seconds": round(synced - written, 4),
+             "threads": float(workers)},
+        )
+        write_json_atomic(Path(record_path), record.to_json())
+    except Exception as exc:  # keep the persistent worker alive; the checkpoint never commits
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            Path(record_path + ".error").write_text(repr(exc))
+        if not in_worker:
+            raise
+
+

@@ -1,0 +1,311 @@
+"""What one training attempt trains with, and what its checkpoints hold: the `Trainer`.
+
+`train()` (rtj_trainer.train) drives it: `build` → `resume` → per step `step` (and `save` when a
+checkpoint is due, then `report`) → `finish` → `close`. The Trainer owns the attempt's state: the
+model, optimizer and scheduler (rtj_trainer.parallel), the data, the Checkpointer, and its own
+counters. `state_dict()` is the whole checkpoint of a rank, keyed by the constants below next to
+parallel's `MODEL`, `OPTIMIZER` and `SCHEDULER`; `load_state_dict()` is its inverse.
+
+The Trainer is also the metrics' source: `snapshot()` reads the heartbeat from the Session (the
+very beat NVRx received, including the Checkpointer's keepalive beats while it waits on I/O), the
+commit figures from the Checkpointer's stats and the restart figures from the ledger, at the
+moment of a scrape. Nothing copies values into the metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+import torch.distributed as dist
+
+from . import parallel
+from .checkpoint import Checkpointer, CheckpointError
+from .checkpoint.store import read_commit_log
+from .config import Config
+from .data import TokenBatches
+from .ledger import LEDGER_FILE, Ledger, advance_ledger
+from .metrics import Snapshot
+from .resiliency import Session
+
+log = logging.getLogger(__name__)
+
+STEP = "step"
+"""The last completed step."""
+DATA = "data"
+"""Where the data stream stands: `{NEXT_STEP: ..., FINGERPRINT: ...}`."""
+RNG = "rng"
+MONITOR = "monitor"
+"""The NVRx rank monitor's state (learned timeouts)."""
+PRODUCTIVE_SECONDS = "productive_seconds"
+"""Wall seconds of the steps up to this checkpoint (the productive-seconds counter resumes here)."""
+STEP_COMPLETED_AT = "step_completed_at"
+"""When the step first completed (a resume counts the seconds since then as lost)."""
+NEXT_STEP = "next_step"
+FINGERPRINT = "fingerprint"
+LOSSES_FILE = "losses.jsonl"
+
+
+def _agree_on_identity(cfg: Config, session: Session, ctx: parallel.DistributedContext) -> tuple[
+    str, dict[str, int]
+]:
+    """Rank 0 names this attempt (checkpoint directories carry the name); all ranks report their
+    pod's attempt number so restarts can be classified."""
+    attempts: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(attempts, (str(cfg.job.node_index), cfg.job.attempt))
+    pod_attempts = dict(attempts)
+    name = [
+        f"a{sum(pod_attempts.values())}-l{session.launch.launcher_restart_count}"
+        f"-i{session.iteration}-{int(time.time() * 1000) % 10**8}"
+    ]
+    dist.broadcast_object_list(name, src=0)
+    return str(name[0]), pod_attempts
+
+
+def _reconcile_ledger(
+    cfg: Config,
+    session: Session,
+    pod_attempts: dict[str, int],
+    resumed_step_completed_at: float | None,
+    rank: int,
+) -> Ledger:
+    """Rank 0 advances job-state.json for this attempt; every rank gets the same ledger."""
+    box: list[Any] = [None]
+    if rank == 0:
+        path = cfg.run_dir / LEDGER_FILE
+        ledger = advance_ledger(
+            Ledger.read(path),
+            now=time.time(),
+            pod_attempts=pod_attempts,
+            launcher_restart_count=session.launch.launcher_restart_count,
+            inprocess_iteration=session.iteration,
+            resumed_step_completed_at=resumed_step_completed_at,
+        )
+        ledger.write(path)
+        box[0] = ledger
+    dist.broadcast_object_list(box, src=0)
+    result: Ledger = box[0]
+    return result
+
+
+def _release(ctx: parallel.DistributedContext, *, clean: bool) -> None:
+    if clean:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+class Trainer:
+    """One attempt's model, optimizer, data and checkpointer, and where the step loop stands."""
+
+    def __init__(self, cfg: Config, session: Session, ctx: parallel.DistributedContext) -> None:
+        """Use `Trainer.build`; this expects the process group of `ctx` to be up."""
+        self.cfg = cfg
+        self.session = session
+        self.ctx = ctx
+        self.rank = ctx.rank
+        self.identity, self._pod_attempts = _agree_on_identity(cfg, session, ctx)
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        self.data = TokenBatches(cfg.data, seq_len=cfg.model.seq_len,
+                                 vocab_size=cfg.model.vocab_size)
+        self.checkpointer = Checkpointer(
+            cfg.checkpoint,
+            root=Path(cfg.checkpoint.dir),
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            device=ctx.device,
+            identity=self.identity,
+            keepalive=session.heartbeat,
+        )
+        self._loaded = self.checkpointer.load_latest()
+        # A resume overwrites every parameter: skip building and initialising the full model.
+        self.model = parallel.build_model(cfg, ctx, initialise=self._loaded is None)
+        self.optimizer, self.scheduler = parallel.build_optimizer(cfg, self.model)
+        self.ledger: Ledger | None = None
+        self.current_step = 0
+        """The last completed step (the resumed one before the first step of this attempt)."""
+        self.loss = float("nan")
+        self.step_seconds = 0.0
+        self.productive_seconds = 0.0
+        self.steps_this_attempt = 0
+        self.last_stall_seconds = 0.0
+        self.stall_seconds_total = 0.0
+        self.stall_seconds_max = 0.0
+        self._losses: IO[str] | None = None
+
+    @classmethod
+    def build(cls, cfg: Config, session: Session) -> Trainer:
+        """Join the process group and build everything; on failure, give the device back."""
+        ctx = parallel.init_distributed(cfg, session.launch, session.process_group_store())
+        try:
+            return cls(cfg, session, ctx)
+        except BaseException:
+            _release(ctx, clean=False)
+            raise
+
+    # -- the checkpoint's content -------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's whole checkpoint (tensors still on the device)."""
+        state = parallel.local_state(self.model, self.optimizer, self.scheduler)
+        state.update({
+            STEP: self.current_step,
+            RNG: parallel.rng_state(self.ctx.device),
+            DATA: {NEXT_STEP: self.current_step + 1, FINGERPRINT: self.data.fingerprint()},
+            MONITOR: self.session.monitor_state(),
+            PRODUCTIVE_SECONDS: self.productive_seconds,
+            STEP_COMPLETED_AT: time.time(),
+        })
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        parallel.load_local_state(self.model, self.optimizer, self.scheduler, state)
+        parallel.set_rng_state(state[RNG], self.ctx.device)
+        self.session.load_monitor_state(state[MONITOR])
+        self.current_step = int(state[STEP])
+        self.productive_seconds = float(state[PRODUCTIVE_SECONDS])
+
+    # -- the attempt ------------------------------------------------------------------------
+
+    def resume(self) -> None:
+        """Load the newest checkpoint every rank finds valid (if any), then advance the ledger."""
+        completed_at = None
+        loaded, self._loaded = self._loaded, None
+        if loaded is not None:
+            state = loaded.state
+            if state[DATA][FINGERPRINT] != self.data.fingerprint():
+                raise CheckpointError(
+                    f"checkpoint {loaded.directory.name} was written for other data "
+                    f"({state[DATA][FINGERPRINT]} != {self.data.fingerprint()})"
+                )
+            self.load_state_dict(state)
+            completed_at = float(state[STEP_COMPLETED_AT])
+            if self.rank == 0:
+                log.info("resumed from %s (step %d)%s", loaded.directory.name, self.current_step,
+                         f"; rejected: {list(loaded.rejected)}" if loaded.rejected else "")
+        self.ledger = _reconcile_ledger(self.cfg, self.session, self._pod_attempts, completed_at,
+                                        self.rank)
+        self.session.heartbeat()
+        if self.rank == 0:
+            self._losses = open(self.cfg.run_dir / LOSSES_FILE, "a")  # noqa: SIM115
+
+    def step(self, step: int) -> None:
+        """Train `step`, beat, and record its loss."""
+        began = time.perf_counter()
+        with self.session.section("step"):
+            batch = self.data.batch(step, self.rank).to(self.ctx.device, non_blocking=True)
+            loss = parallel.train_step(self.model, self.optimizer, self.scheduler, batch,
+                                       self.cfg.optim.grad_clip)
+            self.loss = float(loss.item())
+        seconds = time.perf_counter() - began
+        self.productive_seconds += seconds
+        self.steps_this_attempt += 1
+        self.session.heartbeat()
+        self.current_step, self.step_seconds = step, seconds
+        if self._losses is not None:
+            self._losses.write(json.dumps({"step": step, "loss": self.loss,
+                                           "attempt": self.identity, "pid": os.getpid(),
+                                           "time": time.time()}) + "\n")
+            self._losses.flush()
+        self.session.after_step(self.steps_this_attempt)
+        if self.steps_this_attempt == 1 and self.cfg.checkpoint.interval_steps:
+            self.checkpointer.prepare(self.state_dict())  # optimizer state now exists
+
+    def checkpoint_due(self, step: int) -> bool:
+        interval = self.cfg.checkpoint.interval_steps
+        last = step == self.cfg.train.steps
+        return bool(interval and step % interval == 0) or (last and self.cfg.checkpoint.save_final)
+
+    def save(self, step: int) -> None:
+        """Start a checkpoint of `step`; the step loop is blocked for state_dict + staging."""
+        began = time.perf_counter()
+        with self.session.section("checkpoint"), self.session.atomic():
+            state = self.state_dict()
+            self.checkpointer.save(step, state)
+            del state
+        stall = time.perf_counter() - began  # state_dict + staging (+ sync write)
+        self.last_stall_seconds = stall
+        self.stall_seconds_total += stall
+        self.stall_seconds_max = max(self.stall_seconds_max, stall)
+        if self.rank == 0:
+            log.info("checkpoint step %d (%s) stall %.4f s", step, self.cfg.checkpoint.mode, stall)
+
+    def report(self, step: int) -> None:
+        """Notice finished checkpoint writes (rank 0 commits them) and log progress."""
+        stats = self.checkpointer.poll()
+        last = step == self.cfg.train.steps
+        if self.rank == 0 and (step % self.cfg.train.log_every == 0 or last):
+            log.info("step %d/%d loss %.4f %.1f ms/step committed=%d", step, self.cfg.train.steps,
+                     self.loss, self.step_seconds * 1000, stats.committed_step)
+
+    def finish(self) -> None:
+        """After the last step: wait until every checkpoint is committed, on every rank."""
+        self._close_losses()
+        with self.session.section("checkpoint"):
+            self.checkpointer.wait_until_committed()
+        dist.barrier()
+
+    def summary(self, loop_seconds: float) -> dict[str, Any]:
+        """The summary JSON of a finished job (rank 0 prints it)."""
+        ledger = self._ledger()
+        now = time.time()
+        return {
+            "event": "summary",
+            "steps": self.cfg.train.steps,
+            "final_loss": self.loss,
+            "wall_seconds": round(now - ledger.started_at, 3),
+            "productive_seconds": round(self.productive_seconds, 3),
+            "goodput": round(self.productive_seconds / max(1e-9, now - ledger.started_at), 4),
+            "restarts": dict(ledger.restarts),
+            "lost_seconds": round(ledger.lost_seconds, 3),
+            "checkpoints_committed": len(read_commit_log(Path(self.cfg.checkpoint.dir))),
+            "last_committed_step": self.checkpointer.stats.committed_step,
+            "attempt_steps": self.steps_this_attempt,
+            "attempt_loop_seconds": round(loop_seconds, 3),
+            "attempt_checkpoint_stall_seconds_total": round(self.stall_seconds_total, 4),
+            "attempt_checkpoint_stall_seconds_max": round(self.stall_seconds_max, 4),
+        }
+
+    def close(self, *, clean: bool) -> None:
+        """Stop the checkpoint writer (abandoning its work unless `clean`) and free the device."""
+        self._close_losses()
+        self.checkpointer.close(abort=not clean)
+        _release(self.ctx, clean=clean)
+
+    def snapshot(self) -> Snapshot:
+        """The metrics' values now, read from their sources (called on every scrape)."""
+        ledger = self._ledger()
+        stats = self.checkpointer.stats
+        tokens_per_step = self.cfg.data.batch_size * self.cfg.model.seq_len
+        seconds = self.step_seconds
+        return Snapshot(
+            heartbeat_timestamp=self.session.last_heartbeat,
+            step=self.current_step,
+            step_seconds=seconds,
+            tokens_per_second=tokens_per_step / seconds if seconds > 0 else 0.0,
+            checkpoint_stall_seconds=self.last_stall_seconds,
+            checkpoint_write_seconds=stats.last_write_seconds,
+            checkpoint_committed_step=stats.committed_step,
+            checkpoint_committed_timestamp=stats.committed_at,
+            restarts=dict(ledger.restarts),
+            productive_seconds=self.productive_seconds,
+            lost_seconds=ledger.lost_seconds,
+            job_started_at=ledger.started_at,
+        )
+
+    def _ledger(self) -> Ledger:
+        if self.ledger is None:
+            raise RuntimeError("Trainer.resume() has not run yet")
+        return self.ledger
+
+    def _close_losses(self) -> None:
+        if self._losses is not None:
+            self._losses.close()
+            self._losses = None
