@@ -20,7 +20,7 @@ Manifest = dict[str, Any]
 
 # EFA and NCCL environment of trainer pods that get EFA devices / GPUs. Sources:
 # [aws-sample] awslabs/awsome-distributed-training, 3.test_cases/pytorch/nvrx manifests (summarised
-#   in ../shared/docs/nvrx.md section 8.2); [ofi-nccl] the aws-ofi-nccl wiki "Environment
+#   in docs/nvrx.md section 6); [ofi-nccl] the aws-ofi-nccl wiki "Environment
 #   Variables"; [efa-docs] AWS EFA user guide ("Get started with EFA and NCCL").
 EFA_ENV: tuple[tuple[str, str], ...] = (
     # libfabric must pick the EFA provider, never fall back to TCP sockets [aws-sample, efa-docs].
