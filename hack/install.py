@@ -80,12 +80,12 @@ def install_nvrx(py: Path) -> None:
     Its only wheels are cp312/cp314 tagged manylinux_2_39 (glibc >= 2.39). Debian 12 has glibc
     2.36, so pip refuses the wheel even on Python 3.12. The wheel is pure Python except one
     CUPTI extension (`nvrx_cupti_module`, straggler detection, needs CUDA 13's libcupti) that the
-    trainer never imports (../shared/docs/nvrx.md section 1). So where plain pip works (the trainer
+    trainer never imports (docs/nvrx.md section 1). So where plain pip works (the trainer
     image: Ubuntu 24.04, Python 3.12) we use it, and elsewhere we install THE SAME UNMODIFIED
     WHEEL with PyPA's `installer`, the reference wheel installer, which installs a wheel file
     without checking its platform tag (no retagging, RECORD stays valid, console scripts such as
     ft_launcher and nvrx-control are generated), then pip-install the wheel's declared
-    dependencies. tests/unit/test_nvrx_install.py imports every piece we use so a broken
+    dependencies. tests/unit/test_foundation.py imports every piece we use so a broken
     install fails loudly.
     """
     with tempfile.TemporaryDirectory() as probe:

@@ -20,7 +20,7 @@ from rtj_operator.podplan import PodPlan
 
 # NCCL environment of trainer pods that get GPUs (the EFA part, `profiles.EFA_ENV`, is instance
 # data). Sources: [aws-sample] awslabs/awsome-distributed-training, 3.test_cases/pytorch/nvrx
-#   manifests (summarised in ../shared/docs/nvrx.md section 8.2); [ofi-nccl] the aws-ofi-nccl wiki
+#   manifests (summarised in docs/nvrx.md section 6); [ofi-nccl] the aws-ofi-nccl wiki
 #   "Environment Variables".
 NCCL_ENV: tuple[tuple[str, str], ...] = (
     # NCCL's bootstrap and socket traffic must not use loopback or container bridges

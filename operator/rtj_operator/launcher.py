@@ -4,8 +4,7 @@ and the argv of the rendezvous container (`nvrx-control`).
 Argv only: pure functions of the parsed job, its `PodPlan` (procs, device counts, term timeout,
 rendezvous id and endpoint, resolved once a pass in `podplan`) and the operator settings. Every
 flag was checked against `ft_launcher --help` / `nvrx-control --help` of nvidia-resiliency-ext
-0.7.0; the reasons for the values are in ../shared/docs/nvrx.md sections 2 and 10 (and
-docs/operator.md).
+0.7.0; the reasons for the values are in docs/nvrx.md sections 2 and 7 (and docs/operator.md).
 """
 
 from __future__ import annotations

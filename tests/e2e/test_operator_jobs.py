@@ -179,6 +179,9 @@ def test_a_killed_trainer_pod_is_replaced_alone_and_the_job_succeeds(
 
     after = wait_for("the replacement of pod 1", replaced, timeout=120, context=context)
     assert after[f"{name}-0"]["metadata"]["uid"] == before[f"{name}-0"]
+    # The rendezvous pod is compared here, while the job runs: on success it is deleted.
+    rdzv_after = [p["metadata"]["uid"] for p in pods_by_role(cluster, ns, "rendezvous").values()]
+    assert rdzv_before and rdzv_after == rdzv_before
     labels = after[f"{name}-1"]["metadata"]["labels"]
     assert labels["training.resilient.dev/attempt"] == "1"
     wait_for("the job to finish", lambda: status(cluster, ns, name).get("state")
@@ -190,7 +193,7 @@ def test_a_killed_trainer_pod_is_replaced_alone_and_the_job_succeeds(
     incident = next(i for i in final["incidents"] if i["action"] == "RankRestart")
     assert incident["nodeIndex"] == 1 and incident["cause"] == "PodFailed"
     assert incident["recoveredTime"] and incident["seconds"] > 0
-    # Pod 0 and the rendezvous pod were never replaced.
+    # Pod 0 was never replaced (the rendezvous pod was compared above), and no full restart.
     end = pods_by_role(cluster, ns, "trainer")
     assert end[f"{name}-0"]["metadata"]["uid"] == before[f"{name}-0"]
     assert rdzv_before and final["restarts"]["full"] == 0

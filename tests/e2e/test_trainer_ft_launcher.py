@@ -218,6 +218,8 @@ def test_metrics_endpoint_shows_heartbeats_and_steps_advancing(tmp_path: Path) -
 
 
 def test_launcher_kill_takes_down_the_whole_process_tree(tmp_path: Path) -> None:
+    # A local run, where ft_launcher is an ordinary process. In a real container it is PID 1 and
+    # ignores a SIGKILL sent from inside its PID namespace, so this fault is harness-only.
     import psutil
 
     proc = _start(tmp_path, faults="10:1:launcher-kill")

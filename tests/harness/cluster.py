@@ -145,7 +145,7 @@ class Cluster:
         self.node_harness = ManagedProcess(
             "nodes",
             [
-                *python_module_argv("harness.nodes"),
+                *python_module_argv("harness.kubelet"),
                 f"--kubeconfig={self.kubeconfig}", f"--run-dir={self.run_dir}",
                 f"--shared-dir={self.shared_dir}", f"--state-file={state_file}",
                 f"--nodes={nodes}",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.nodes import Kubelet
+    from harness.kubelet.loop import Kubelet
 
 
 def start_control_server(kubelet: Kubelet) -> str:

@@ -35,7 +35,8 @@ CONTROLLERS = [
     "ttl-after-finished-controller",
     # No endpoints/endpointslice controllers: the API server refuses loopback addresses in
     # Endpoints, and every pod here has a 127.x address (the harness resolves Service names
-    # itself, see hostsfile.py). With them on, every Service change logs a failed update Event.
+    # itself, see kubelet/hostsfile.py). With them on, every Service change logs a failed update
+    # Event.
     "serviceaccount-controller",
     "pod-garbage-collector-controller",
     "job-controller",

@@ -13,8 +13,8 @@ from harness.envvars import (
     field_ref_value,
     resolve_container_env,
 )
-from harness.hostsfile import RunningPod, ServiceEntry, render_hosts
 from harness.ipam import LoopbackIpAllocator
+from harness.kubelet.hostsfile import RunningPod, ServiceEntry, render_hosts
 from harness.nodestate import exit_code_of, node_manifest, node_status, pod_conditions
 
 pytestmark = pytest.mark.unit
@@ -247,7 +247,7 @@ def test_pod_conditions_keep_the_schedulers_pod_scheduled_condition() -> None:
 
 
 def test_a_checkout_and_run_dir_under_tmp_stay_visible_through_the_private_tmp() -> None:
-    from harness.nodes import REPO_ROOT, paths_to_keep_visible
+    from harness.kubelet.runtime import REPO_ROOT, paths_to_keep_visible
 
     work = Path("/tmp/pytest-of-root/p1/cluster0/pod-data/ns_pod/work")
     kept = paths_to_keep_visible(work, f"/tmp/bin-a:{work}:/usr/bin")

@@ -651,8 +651,9 @@ class ResilientTrainingJobSpec(ApiModel):
     nodes: int = Field(
         description=(
             "Number of nodes (one trainer pod per node, named `<job>-<index>`). May change only "
-            "while the job is suspended; on resume every pod starts at the new size and resumes "
-            "from the last checkpoint."
+            "while the job is suspended; on resume every pod starts at the new size. A new size "
+            "does not resume from the last checkpoint: checkpoints are per-rank shards, rejected "
+            "at another world size, so training starts again from step 0."
         ),
         ge=1,
         le=MAX_NODES,
