@@ -37,6 +37,11 @@ IN_PROCESS_RESTART_NCCL_ENV: tuple[tuple[str, str], ...] = (
     # With in-process restart, CUDA errors seen by the watchdog must not be rethrown into the
     # training thread as fatal [aws-sample in-process manifests].
     ("TORCH_NCCL_RETHROW_CUDA_ERRORS", "0"),
+    # The in-process wrapper aborts the communicators of every rank on a fault; 1 (TearDown)
+    # would then end the survivors' processes and turn the restart into a launcher restart of
+    # all. 2 (CleanUpOnly) aborts the communicator and keeps the process (the trainer also sets
+    # it itself, rtj_trainer.resiliency; docs/nvrx.md).
+    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"),
 )
 
 RENDEZVOUS_REQUESTS = {"cpu": "250m", "memory": "512Mi"}

@@ -11,10 +11,22 @@ from __future__ import annotations
 
 from rtj_operator.api.models import ResilientTrainingJob
 from rtj_operator.config import OperatorSettings
+from rtj_operator.ftflags import LauncherSettings, ft_flags
 from rtj_operator.podplan import PodPlan
 
-GPU_MEMORY_RECLAIM_TIMEOUT_SECONDS = 50
-"""ft_launcher's default wait for GPU memory to be freed between worker restarts."""
+
+def launcher_settings(job: ResilientTrainingJob, plan: PodPlan) -> LauncherSettings:
+    """The shared ft_launcher settings (`ftflags`) of this job's trainer pods."""
+    ft = job.spec.fault_tolerance
+    return LauncherSettings(
+        # Every launcher also spends a restart on each fault the operator answers with a
+        # RankRestart (ftflags' docstring): add the job's rank-restart budget to the pod's own.
+        max_restarts=ft.launcher_max_restarts + ft.rank_restart_budget.max,
+        term_timeout_seconds=plan.term_timeout_seconds,
+        initial_heartbeat_timeout_seconds=ft.initial_heartbeat_timeout_seconds,
+        heartbeat_timeout_seconds=ft.heartbeat_timeout_seconds,
+        gpus=plan.gpus,
+    )
 
 
 def trainer_argv(
@@ -25,8 +37,6 @@ def trainer_argv(
     `$(POD_IP)` is expanded by the kubelet from the container's env (downward API).
     """
     spec = job.spec
-    ft = spec.fault_tolerance
-    reclaim_timeout = GPU_MEMORY_RECLAIM_TIMEOUT_SECONDS if plan.gpus else 0
     return [
         "ft_launcher",
         f"--nnodes={spec.nodes}",
@@ -39,14 +49,7 @@ def trainer_argv(
         f"--rdzv-conf=is_host=false,join_timeout={settings.rendezvous_join_timeout_seconds}",
         # The node address is the pod IP; it also becomes MASTER_ADDR on group rank 0.
         "--local-addr=$(POD_IP)",
-        # ft_launcher's default is 0 restarts.
-        f"--max-restarts={ft.launcher_max_restarts}",
-        f"--term-timeout={plan.term_timeout_seconds}",
-        # NVRx 0.7.0 has no default heartbeat timeouts: nothing is detected unless set.
-        f"--ft-initial-rank-heartbeat-timeout={ft.initial_heartbeat_timeout_seconds}",
-        f"--ft-rank-heartbeat-timeout={ft.heartbeat_timeout_seconds}",
-        # Without GPUs there is no memory to wait for (and no NVML to ask).
-        f"--ft-gpu-memory-reclaim-timeout={reclaim_timeout}",
+        *ft_flags(launcher_settings(job, plan)),
         "--no-python",
         *spec.command,
         *spec.args,

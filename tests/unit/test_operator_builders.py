@@ -131,9 +131,17 @@ def test_p5_trainer_env_carries_the_contract_and_the_efa_settings() -> None:
         "RTJ_INPROCESS_RESTART": "1", "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "120",
         "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1",
         "RDMAV_FORK_SAFE": "1", "NCCL_NVLS_ENABLE": "0", "NCCL_SOCKET_IFNAME": "^lo,docker,veth",
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "HF_HOME": "/checkpoints/.cache",
+        # In-process restart (on by default) needs the survivors' processes kept on an abort.
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "HF_HOME": "/checkpoints/.cache",
     }
     assert {k: env[k] for k in expected} == expected
+
+
+def test_without_in_process_restart_an_nccl_error_ends_the_worker() -> None:
+    job = p5_job(faultTolerance={"inProcessRestart": "Disabled"})
+    env = env_of(trainer_pod(job, node_index=0, attempt=0, settings=SETTINGS))
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert "TORCH_NCCL_RETHROW_CUDA_ERRORS" not in env
 
 
 def test_user_env_overrides_the_platform_defaults_without_duplicates() -> None:

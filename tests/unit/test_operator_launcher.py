@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
-from rtj_operator import launcher
+from rtj_operator import ftflags, launcher
 from rtj_operator.api.models import ResilientTrainingJob, parse_job
 from rtj_operator.config import OperatorSettings
 from rtj_operator.podplan import plan_for, term_timeout_seconds
 
 pytestmark = pytest.mark.unit
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def job(**spec: Any) -> Any:
@@ -52,10 +54,15 @@ def test_ft_launcher_argv_for_a_p5_job() -> None:
         "--rdzv-id=uid-1",
         "--rdzv-conf=is_host=false,join_timeout=600",
         "--local-addr=$(POD_IP)",
-        "--max-restarts=5",
+        # The pod's own 5 plus the job's rank-restart budget (default 10): every launcher
+        # spends a restart on each RankRestart of another pod too.
+        "--max-restarts=15",
         "--term-timeout=25",
+        "--workers-stop-timeout=5",
+        "--monitor-interval=0.3",
         "--ft-initial-rank-heartbeat-timeout=900",
         "--ft-rank-heartbeat-timeout=90",
+        "--ft-workload-check-interval=1",
         "--ft-gpu-memory-reclaim-timeout=50",
         "--no-python",
         "python", "-m", "rtj_trainer", "--preset", "7b",
@@ -107,3 +114,31 @@ def test_every_nvrx_control_flag_we_pass_exists_in_nvrx_0_7() -> None:
     assert parsed.nnodes == "8"
     assert parsed.rdzv_endpoint == "$(POD_IP):29400"
     assert not parsed.ft_enable_log_server
+
+
+def test_local_runs_get_the_flags_the_operator_gives_its_pods(capsys: Any) -> None:
+    """trainer/scripts/train-local.sh (what the benchmarks measure) prints its flags with
+    `python -m rtj_operator.ftflags`; for the same numbers they are the pod's flags."""
+    j = job(faultTolerance={"launcherMaxRestarts": 2, "heartbeatTimeoutSeconds": 30,
+                            "initialHeartbeatTimeoutSeconds": 300,
+                            "rankRestartBudget": {"max": 4, "windowSeconds": 600}})
+    settings = OperatorSettings()
+    plan = plan_for(j, settings)
+    pod = launcher.launcher_settings(j, plan)
+    assert pod.max_restarts == 6
+    assert ftflags.main([
+        f"--max-restarts={pod.max_restarts}", f"--term-timeout={pod.term_timeout_seconds}",
+        f"--initial-heartbeat-timeout={pod.initial_heartbeat_timeout_seconds}",
+        f"--heartbeat-timeout={pod.heartbeat_timeout_seconds}", f"--gpus={pod.gpus}",
+    ]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    argv = launcher.trainer_argv(j, plan, settings)
+    assert printed == argv[argv.index("--local-addr=$(POD_IP)") + 1:argv.index("--no-python")]
+
+
+def test_train_local_takes_its_flags_from_ftflags() -> None:
+    script = (REPO_ROOT / "trainer" / "scripts" / "train-local.sh").read_text()
+    assert "-m rtj_operator.ftflags" in script and '"${FT_FLAGS[@]}"' in script
+    for flag in ("--workers-stop-timeout", "--monitor-interval", "--ft-workload-check-interval",
+                 "--ft-rank-heartbeat-timeout", "--ft-checkpoint-iteration-file"):
+        assert flag not in script.split("exec ")[-1], f"{flag} is set twice"

@@ -27,12 +27,14 @@ export RTJ_METRICS_HOST=${RTJ_METRICS_HOST:-127.0.0.1}
 export TRAINER_FAULTS=${TRAINER_FAULTS:-}
 export PYTHONUNBUFFERED=1
 
-exec "$BIN/ft_launcher" --standalone --nnodes=1 --nproc-per-node=2 \
-  --max-restarts="${RTJ_MAX_RESTARTS:-3}" \
-  --ft-initial-rank-heartbeat-timeout="${RTJ_INITIAL_HEARTBEAT_TIMEOUT_SECONDS:-60}" \
-  --ft-rank-heartbeat-timeout="$RTJ_HEARTBEAT_TIMEOUT_SECONDS" \
-  --ft-workload-check-interval=1 \
-  --ft-gpu-memory-reclaim-timeout=0 \
-  --ft-checkpoint-iteration-file="$RUN_DIR/latest-committed-step" \
-  --workers-stop-timeout=5 --term-timeout=10 --monitor-interval=0.3 \
+# The same ft_launcher settings as the operator's pods (operator/rtj_operator/ftflags.py); only
+# the rendezvous (standalone here) and the numbers given below differ.
+GPUS=${RTJ_GPUS:-$( (command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -c '^GPU') || echo 0)}
+mapfile -t FT_FLAGS < <("$BIN/python" -m rtj_operator.ftflags \
+  --max-restarts="${RTJ_MAX_RESTARTS:-3}" --term-timeout=10 \
+  --initial-heartbeat-timeout="${RTJ_INITIAL_HEARTBEAT_TIMEOUT_SECONDS:-60}" \
+  --heartbeat-timeout="$RTJ_HEARTBEAT_TIMEOUT_SECONDS" --gpus="$GPUS")
+[[ ${#FT_FLAGS[@]} -gt 0 ]] || { echo "[train-local] python -m rtj_operator.ftflags failed" >&2; exit 2; }
+
+exec "$BIN/ft_launcher" --standalone --nnodes=1 --nproc-per-node=2 "${FT_FLAGS[@]}" \
   --no-python "$BIN/python" -m rtj_trainer --preset tiny "$@"
