@@ -4,7 +4,10 @@
 #
 #   . bench/device/setup.sh            # wheels carried in .whl/ (see docs/benchmarks.md)
 #
-# It installs the carried wheels (nvidia-resiliency-ext 0.7.0, pydantic) into /tmp/site, makes a
+# It installs the carried wheels into /tmp/site: nvidia-resiliency-ext 0.7.0 plus what its
+# launcher and in-process modules import that the 'cuda' image lacks (pydantic 2.14.4,
+# pydantic-core 2.50.5, annotated-types 0.8.0, typing-inspection 0.4.5, defusedxml 0.7.1,
+# grpcio 1.85.3, grpcio-tools 1.85.1, protobuf 7.36.2), and makes a
 # two-file "venv" (bin/python, bin/ft_launcher) that trainer/scripts/train-local.sh can use as
 # RTJ_VENV (the image's python3 is itself a virtualenv, so `python -m venv
 # --system-site-packages` would not see its torch), and grows /dev/shm, where the checkpoint
@@ -25,4 +28,7 @@ PY
 chmod +x /tmp/rtj-venv/bin/*
 export RTJ_VENV=/tmp/rtj-venv
 mount -o remount,size=100G /dev/shm 2>/dev/null || true
-python3 -c 'import torch, nvidia_resiliency_ext, pydantic; print("[device] torch", torch.__version__, "gpus", torch.cuda.device_count())'
+python3 -c 'import torch, pydantic
+import nvidia_resiliency_ext.fault_tolerance.launcher, nvidia_resiliency_ext.inprocess
+import rtj_trainer.train
+print("[device] torch", torch.__version__, "gpus", torch.cuda.device_count())' || return 1
