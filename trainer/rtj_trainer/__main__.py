@@ -72,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(cfg.model_dump(), indent=1))
         return 0
     setup_logging(cfg.train.log_level)
+    if cfg.train.dump_stacks_on_sigterm:
+        import faulthandler
+        import signal
+
+        faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
 
     # Heavy imports only after the config is known to be valid.
     from .metrics import TrainerMetrics

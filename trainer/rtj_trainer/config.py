@@ -98,6 +98,9 @@ class TrainConfig(_Section):
                        "NOTSET"] = "WARNING"
     """Python logging level (env RTJ_LOG_LEVEL). The trainer's own progress lines are always
     printed; this level is for everything else (NVRx, torch, the trainer's debug messages)."""
+    dump_stacks_on_sigterm: bool = False
+    """Print every thread's Python stack to stderr when the process gets SIGTERM (then die as
+    usual): shows where a rank was stuck when a watchdog ends it."""
     run_dir: str | None = None
     """Where per-step losses (losses.jsonl) and job state go; default: checkpoint.dir."""
 

@@ -20,6 +20,9 @@ export RTJ_JOB_NAME=${RTJ_JOB_NAME:-train-local}
 # collectives (a few seconds on CPU) before it kills the ranks: a longer default then.
 if [[ ${RTJ_INPROCESS_RESTART:-0} == 1 ]]; then
   export RTJ_HEARTBEAT_TIMEOUT_SECONDS=${RTJ_HEARTBEAT_TIMEOUT_SECONDS:-15}
+  # As in the operator's pods (builders.IN_PROCESS_RESTART_NCCL_ENV): a CUDA error seen by the
+  # NCCL watchdog after an abort must not end the process.
+  export TORCH_NCCL_RETHROW_CUDA_ERRORS=${TORCH_NCCL_RETHROW_CUDA_ERRORS:-0}
 else
   export RTJ_HEARTBEAT_TIMEOUT_SECONDS=${RTJ_HEARTBEAT_TIMEOUT_SECONDS:-5}
 fi
