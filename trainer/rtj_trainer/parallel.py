@@ -149,20 +149,44 @@ def build_optimizer(
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def wait_for_device(device: torch.device) -> None:
+    """Wait until the work queued so far on `device`'s current stream is done, without holding
+    the GIL (`Event.synchronize` releases it), so other Python threads run meanwhile."""
+    if device.type == "cuda":
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record()
+        event.synchronize()
+
+
 def train_step(
     model: GPT,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     tokens: torch.Tensor,
     grad_clip: float,
+    *,
+    interruptible: bool = False,
 ) -> torch.Tensor:
-    """One optimizer step on this rank's batch; returns the loss averaged over all ranks."""
+    """One optimizer step on this rank's batch; returns the loss averaged over all ranks.
+
+    `interruptible` (in-process restart on CUDA): wait for the GPU, with the GIL released, after
+    the forward and after the backward pass. A rank whose peer failed is stuck behind a
+    collective that never completes. Seen on two H200s: such a rank's main thread ran ahead into
+    the optimizer step (its stack was in `_multi_tensor_adam`) and the in-process wrapper's
+    monitor thread never ran its abort until the rank monitor killed the process. The likely
+    reason is a host blocked inside an op that holds the GIL (a full CUDA launch queue); these
+    waits keep the host from running ahead of a stuck collective and release the GIL.
+    """
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     logits = model(inputs)
     loss = torch.nn.functional.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)
     )
+    if interruptible:
+        wait_for_device(loss.device)
     loss.backward()  # type: ignore[no-untyped-call]
+    if interruptible:
+        wait_for_device(loss.device)
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()

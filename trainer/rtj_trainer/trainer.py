@@ -102,20 +102,6 @@ def _release(ctx: parallel.DistributedContext, *, clean: bool) -> None:
         torch.cuda.empty_cache()
 
 
-def _wait_releasing_the_gil(tensor: torch.Tensor) -> None:
-    """Wait for the GPU work behind `tensor` without holding the GIL.
-
-    A rank whose peer failed sits here until the peer's collectives are aborted. The in-process
-    wrapper's monitor thread does that abort, and it needs the GIL to run: a blocking copy that
-    kept the GIL would leave the rank stuck until a watchdog kills the process (a launcher
-    restart instead of an in-process one). `Event.synchronize` releases the GIL while it waits.
-    """
-    if tensor.is_cuda:
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record()
-        event.synchronize()
-
-
 class Trainer:
     """One attempt's model, optimizer, data and checkpointer, and where the step loop stands."""
 
@@ -153,6 +139,8 @@ class Trainer:
         self.stall_seconds_total = 0.0
         self.stall_seconds_max = 0.0
         self._losses: IO[str] | None = None
+        self._interruptible = cfg.resiliency.inprocess_restart and ctx.device.type == "cuda"
+        """Wait for the GPU at points within a step (in-process restart: parallel.train_step)."""
 
     @classmethod
     def build(cls, cfg: Config, session: Session) -> Trainer:
@@ -216,8 +204,9 @@ class Trainer:
         with self.session.section("step"):
             batch = self.data.batch(step, self.rank).to(self.ctx.device, non_blocking=True)
             loss = parallel.train_step(self.model, self.optimizer, self.scheduler, batch,
-                                       self.cfg.optim.grad_clip)
-            _wait_releasing_the_gil(loss)
+                                       self.cfg.optim.grad_clip, interruptible=self._interruptible)
+            # The blocking copy in `item()` must not hold the GIL (see parallel.train_step).
+            parallel.wait_for_device(loss.device)
             self.loss = float(loss.item())
         seconds = time.perf_counter() - began
         self.productive_seconds += seconds
