@@ -19,6 +19,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("unit") is None:
             continue
         # Prepended: filters applied later (the test's own, its module's) take precedence.
+        # An object that an earlier integration or e2e test left for the garbage collector (the
+        # Kubernetes client's SSL sockets) can be finalised during any later test; pytest then
+        # reports it as that test's "unraisable exception". It is not the unit test's fault.
+        item.add_marker(pytest.mark.filterwarnings(
+            "default::pytest.PytestUnraisableExceptionWarning"), append=False)
         item.add_marker(pytest.mark.filterwarnings("error"), append=False)
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(UNIT_TIMEOUT_SECONDS))

@@ -80,12 +80,13 @@ def main(argv: list[str] | None = None) -> int:
 
     # Heavy imports only after the config is known to be valid.
     from .metrics import TrainerMetrics
-    from .resiliency import Resiliency
+    from .resiliency import Resiliency, waiting_as_spare
     from .train import train
 
     launch = launch_environment()
     metrics = TrainerMetrics(rank=launch.rank, local_rank=launch.local_rank, job=cfg.job.name,
                              attempt=cfg.job.attempt)
+    metrics.standby = waiting_as_spare
     if cfg.metrics.port is not None:
         port = metrics.serve(cfg.metrics.host, cfg.metrics.port)
         log.info("metrics on http://%s:%d/metrics", cfg.metrics.host, port,

@@ -140,6 +140,11 @@ class ResiliencyConfig(_Section):
     inprocess_gpu_health_checks: bool = True
     """On CUDA, let the in-process wrapper chain NVRx's NVML GPU/NVLink/NIC health checks into
     every restart (a failing check ends the process, i.e. a launcher restart)."""
+    spare_nodes: int = Field(default=0, ge=0)
+    """Warm spares (env RTJ_SPARE_NODES, from `spec.faultTolerance.spares`): the last
+    `spare_nodes` launchers' ranks start with everyone, join the in-process wrapper's world as
+    inactive ranks, and take over the ranks of a lost pod in place (rtj_trainer.resiliency).
+    Needs in-process restart."""
 
 
 class MetricsConfig(_Section):
@@ -252,6 +257,7 @@ _OPERATOR_ENV: dict[str, str] = {
     "RTJ_METRICS_PORT": "metrics.port",
     "RTJ_METRICS_HOST": "metrics.host",
     "RTJ_INPROCESS_RESTART": "resiliency.inprocess_restart",
+    "RTJ_SPARE_NODES": "resiliency.spare_nodes",
     "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "resiliency.heartbeat_timeout_seconds",
     "TRAINER_FAULTS": "faults",
     "RTJ_LOG_LEVEL": "train.log_level",
@@ -370,6 +376,8 @@ class LaunchEnvironment(BaseModel):
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    local_world_size: int = 1
+    """LOCAL_WORLD_SIZE: ranks of this launcher (pod)."""
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     launcher_restart_count: int = 0
@@ -386,6 +394,7 @@ def launch_environment(env: Mapping[str, str] | None = None) -> LaunchEnvironmen
             rank=int(source.get("RANK", "0")),
             local_rank=int(source.get("LOCAL_RANK", "0") or 0),
             world_size=int(source.get("WORLD_SIZE", "1")),
+            local_world_size=int(source.get("LOCAL_WORLD_SIZE", "1")),
             master_addr=source.get("MASTER_ADDR", "127.0.0.1"),
             master_port=int(source.get("MASTER_PORT", "29500")),
             launcher_restart_count=int(source.get("TORCHELASTIC_RESTART_COUNT", "0")),

@@ -104,6 +104,9 @@ class _SnapshotCollector(Collector):
         yield lost
         yield gauge("rtj_trainer_goodput_ratio", "Productive / wall seconds since the job started",
                     s.goodput())
+        yield gauge("rtj_trainer_standby",
+                    "1 while this rank waits as a warm spare (inactive in the in-process wrapper)",
+                    1.0 if m.standby() else 0.0)
         info = GaugeMetricFamily("rtj_trainer_info", "Trainer identity",
                                  labels=[*base, "job", "attempt"])
         info.add_metric([*ids, m.job, str(m.attempt)], 1)
@@ -127,6 +130,8 @@ class TrainerMetrics:
         self.registry.register(_SnapshotCollector(self))
         self._server: Any = None
         self.port: int | None = None
+        self.standby: Callable[[], bool] = lambda: False
+        """Whether this rank is a warm spare right now (set by __main__ from the wrapper)."""
 
     def snapshot(self) -> Snapshot:
         """The current values, read from the source now."""

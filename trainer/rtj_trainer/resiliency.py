@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 import torch
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
-from .config import Config, LaunchEnvironment, launch_environment
+from .config import Config, ConfigError, LaunchEnvironment, launch_environment
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -91,16 +91,21 @@ class Session:
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:
         """An NVRx timed section (no-op unless the launcher configured a timeout for `name`)."""
-        client = self._resiliency.client
+        resiliency = self._resiliency
+        client = resiliency.client
         started = False
-        if client is not None and client.is_initialized:
-            client.start_section(name)
-            started = True
+        with resiliency._client_lock:
+            if client is not None and client.is_initialized:
+                client.start_section(name)
+                started = True
         try:
             yield
         finally:
-            if started and client.is_initialized:
-                client.end_section(name)
+            # The in-process wrapper's abort may have disconnected the client meanwhile (from
+            # its monitor thread); then there is no section left to end.
+            with resiliency._client_lock:
+                if started and client.is_initialized:
+                    client.end_section(name)
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
@@ -145,8 +150,21 @@ class Resiliency:
             from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
 
             self.client = RankMonitorClient()
-            self.client.init_workload_monitoring()
+            # With in-process restart the client connects inside the wrapped function, i.e. on
+            # active ranks only: a warm spare never beats, and its monitor must not time it.
+            if not cfg.resiliency.inprocess_restart:
+                self.client.init_workload_monitoring()
         self._app_store: TCPStore | None = None
+        spares = cfg.resiliency.spare_nodes
+        self.active_world_size = launch.world_size - spares * launch.local_world_size
+        """Ranks that train; the last `spare_nodes` launchers' ranks wait as warm spares."""
+        if spares and not cfg.resiliency.inprocess_restart:
+            raise ConfigError("resiliency.spare_nodes: warm spares need resiliency.inprocess_"
+                              "restart (they take over inside the in-process wrapper's world)")
+        if self.active_world_size < 1:
+            raise ConfigError(
+                f"resiliency.spare_nodes: {spares} spare launchers of {launch.local_world_size} "
+                f"ranks leave no active rank in a world of {launch.world_size}")
 
     def pause_rank_monitor(self) -> None:
         """Disconnect from the rank monitor (it stops timing this rank) until `resume`."""
@@ -179,10 +197,10 @@ class Resiliency:
             self._app_store = TCPStore(
                 host_name=launch.master_addr,
                 port=launch.master_port + 1,
-                world_size=launch.world_size,
-                is_master=launch.rank == 0,
+                # Hosted by the process that started as rank 0; spares never connect to it.
+                is_master=self.launch.rank == 0,
                 multi_tenant=True,
-                wait_for_workers=True,
+                wait_for_workers=False,
                 use_libuv=True,
                 timeout=timedelta(seconds=120),
             )
@@ -204,14 +222,14 @@ class Resiliency:
             # Abort the communicator on an NCCL error but keep the process: the wrapper restarts
             # it. ft_launcher's default (1) kills the process, i.e. a launcher restart of all.
             os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
-        world_size = self.launch.world_size
+        active = self.active_world_size
         wrapper_kwargs: dict[str, Any] = {
             "store_kwargs": {"port": self.launch.master_port + 2,
                              "timeout": timedelta(seconds=120)},
             "initialize": inprocess.initialize.RetryController(
                 max_iterations=res.inprocess_max_restarts + 1,
-                min_world_size=world_size,
-                min_active_world_size=world_size,
+                min_world_size=active,
+                min_active_world_size=active,
             ),
             # Compose runs right to left: leave the rank monitor first, then abort NCCL.
             "abort": inprocess.Compose(
@@ -230,6 +248,16 @@ class Resiliency:
             "progress_watchdog_interval": timedelta(seconds=min(1.0, soft / 4)),
             "heartbeat_interval": timedelta(seconds=min(1.0, soft / 4)),
         }
+        if res.spare_nodes:
+            # Spares hold the highest ranks (the last launchers) and start inactive; after a loss
+            # FillGaps keeps every survivor's rank and moves spares into exactly the lost ranks
+            # (Compose runs right to left). docs/nvrx.md 3.2.
+            from nvidia_resiliency_ext.inprocess import rank_assignment
+
+            wrapper_kwargs["rank_assignment"] = inprocess.Compose(
+                rank_assignment.MaxActiveWorldSize(active),
+                rank_assignment.FillGaps(),
+            )
         if on_cuda:
             wrapper_kwargs["health_check"] = inprocess.health_check.CudaHealthCheck()
         # With LOCAL_RANK set the wrapper chains NVML GPU/NVLink/NIC checks into every restart;
@@ -283,3 +311,9 @@ def _patch_nvrx_initial_ranks() -> None:
 
     get_initial_ranks._rtj_patched = True  # type: ignore[attr-defined]
     StoreMixin.get_initial_ranks = get_initial_ranks  # type: ignore[method-assign]
+
+
+def waiting_as_spare() -> bool:
+    """True while this process is an inactive rank of the in-process wrapper (a warm spare):
+    NVRx sets RANK to the active rank, which is `None` for inactive ranks (inprocess/state.py)."""
+    return os.environ.get("RANK") == "None"
