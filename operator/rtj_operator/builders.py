@@ -153,6 +153,7 @@ def trainer_env(
         ("RTJ_METRICS_PORT", str(settings.trainer_metrics_port)),
         ("RTJ_INPROCESS_RESTART",
          "1" if spec.fault_tolerance.in_process_restart == "Enabled" else "0"),
+        ("RTJ_SPARE_NODES", str(spec.fault_tolerance.spares)),
         ("RTJ_HEARTBEAT_TIMEOUT_SECONDS", str(spec.fault_tolerance.heartbeat_timeout_seconds)),
     ]
     platform: dict[str, str] = dict(plan.resources.env)

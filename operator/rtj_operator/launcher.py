@@ -38,8 +38,12 @@ def trainer_argv(
     """
     spec = job.spec
     return [
-        "ft_launcher",
-        f"--nnodes={spec.nodes}",
+        # With spares, ft_launcher through a shim whose exit barrier does not wait five minutes
+        # for the launcher of a pod a spare replaced (rtj_trainer/ftlaunch.py).
+        *(["python", "-m", "rtj_trainer.ftlaunch"] if spec.fault_tolerance.spares
+          else ["ft_launcher"]),
+        # Every launcher, spares included: NVRx's world holds the spares as inactive ranks.
+        f"--nnodes={plan.pods}",
         f"--nproc-per-node={plan.procs_per_node}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={plan.rendezvous_endpoint}",
@@ -62,7 +66,7 @@ def rendezvous_argv(
     """The rendezvous container's argv: nvrx-control hosting the store and the rounds."""
     return [
         "nvrx-control",
-        f"--nnodes={job.spec.nodes}",
+        f"--nnodes={plan.pods}",
         f"--rdzv-endpoint=$(POD_IP):{settings.rendezvous_port}",
         f"--rdzv-id={plan.rendezvous_id}",
         f"--rdzv-conf=join_timeout={settings.rendezvous_join_timeout_seconds}",

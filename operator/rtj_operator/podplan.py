@@ -67,6 +67,9 @@ class PodPlan:
     """The job's UID, so a re-created job of the same name never joins its predecessor's rounds."""
     rendezvous_endpoint: str
     """`<job>-rdzv:<port>`: the ClusterIP Service in front of nvrx-control."""
+    pods: int
+    """Trainer pods (launchers): `spec.nodes` plus `faultTolerance.spares`, indices 0..pods-1;
+    the spares hold the highest indices (the highest ranks, which NVRx keeps inactive)."""
 
 
 def resolve_profile(spec: ResilientTrainingJobSpec) -> ResolvedResources:
@@ -168,4 +171,5 @@ def plan_for(job: ResilientTrainingJob, settings: OperatorSettings) -> PodPlan:
         term_timeout_seconds=term_timeout_seconds(grace),
         rendezvous_id=rendezvous_id(job),
         rendezvous_endpoint=rendezvous_endpoint(job, settings),
+        pods=job.spec.nodes + job.spec.fault_tolerance.spares,
     )

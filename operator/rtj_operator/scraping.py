@@ -56,6 +56,7 @@ def rank_sample_from_text(text: str, *, local_rank: int) -> RankSample:
         committed_time=values.get("checkpoint_committed_timestamp_seconds") or None,
         goodput_ratio=values.get("goodput_ratio"),
         restarts=restarts,
+        standby=values.get("standby", 0.0) >= 1.0,
     )
 
 

@@ -76,6 +76,9 @@ class RankSample:
     goodput_ratio: float | None = None
     restarts: Mapping[str, int] = field(default_factory=dict)
     """Restarts seen by the job, by kind (`inprocess`, `launcher`, `pod`)."""
+    standby: bool = False
+    """The rank is a warm spare waiting to take over (`rtj_trainer_standby` 1): it trains
+    nothing and sends no heartbeats."""
 
 
 @dataclass(frozen=True, kw_only=True)

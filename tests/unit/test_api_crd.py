@@ -52,7 +52,8 @@ def test_the_crd_names_the_kind_as_the_design_says() -> None:
 def test_the_printer_columns_are_the_promised_ones() -> None:
     columns = crd.custom_resource_definition()["spec"]["versions"][0]["additionalPrinterColumns"]
     default = [c["name"].upper() for c in columns if not c.get("priority")]
-    assert default == ["STATE", "NODES", "STEP", "RESTARTS", "GOODPUT", "LAST-CKPT", "AGE"]
+    assert default == ["STATE", "NODES", "STEP", "RESTARTS", "SPARES", "GOODPUT", "LAST-CKPT",
+                       "AGE"]
     assert {c["name"].upper() for c in columns if c.get("priority") == 1} >= {
         "INSTANCE",
         "REASON",

@@ -137,6 +137,10 @@ class ResiliencyConfig(_Section):
     inprocess_max_restarts: int = Field(default=5, ge=0)
     inprocess_soft_timeout_seconds: float | None = None
     """Hang guard of the in-process wrapper; default: heartbeat_timeout_seconds / 2."""
+    inprocess_pod_loss_timeout_seconds: float = Field(default=10.0, gt=0)
+    """How long the in-process wrapper waits for a silent rank (its whole pod gone, launcher and
+    monitor processes too) before it declares it lost and restarts the others in place: the
+    detection floor of a pod loss with warm spares (NVRx `heartbeat_timeout`, default 30 s)."""
     inprocess_gpu_health_checks: bool = True
     """On CUDA, let the in-process wrapper chain NVRx's NVML GPU/NVLink/NIC health checks into
     every restart (a failing check ends the process, i.e. a launcher restart)."""

@@ -239,12 +239,13 @@ class Resiliency:
             ),
             "soft_timeout": timedelta(seconds=soft),
             "hard_timeout": timedelta(seconds=soft * 2 + 5),
-            "heartbeat_timeout": timedelta(seconds=soft * 2 + 5),
+            "heartbeat_timeout": timedelta(seconds=res.inprocess_pod_loss_timeout_seconds),
             "barrier_timeout": timedelta(seconds=soft * 4 + 60),
             "completion_timeout": timedelta(seconds=soft * 4 + 60),
-            "last_call_wait": timedelta(seconds=0.5),
+            "last_call_wait": timedelta(seconds=0.2),
             "monitor_process_interval": timedelta(seconds=min(1.0, soft / 4)),
-            "monitor_thread_interval": timedelta(seconds=min(1.0, soft / 4)),
+            # How soon the other ranks notice a fault (one store read each per interval).
+            "monitor_thread_interval": timedelta(seconds=min(0.5, soft / 4)),
             "progress_watchdog_interval": timedelta(seconds=min(1.0, soft / 4)),
             "heartbeat_interval": timedelta(seconds=min(1.0, soft / 4)),
         }

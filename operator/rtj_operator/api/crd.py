@@ -50,6 +50,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Restarts of any kind.",
     },
     {
+        "name": "Spares",
+        "type": "integer",
+        "jsonPath": ".status.spares.ready",
+        "description": "Warm spare pods ready to take over.",
+    },
+    {
         "name": "Goodput",
         "type": "string",
         "jsonPath": ".status.goodput",

@@ -423,7 +423,13 @@ class FaultTolerance(ApiModel):
                 "faultTolerance.initialHeartbeatTimeoutSeconds must be at least "
                 "heartbeatTimeoutSeconds",
                 field_path=".initialHeartbeatTimeoutSeconds",
-            )
+            ),
+            cel(
+                "self.spares == 0 || self.inProcessRestart == 'Enabled'",
+                "faultTolerance.spares needs inProcessRestart: Enabled (spares take over inside "
+                "the in-process restart's world)",
+                field_path=".spares",
+            ),
         )
     )
 
@@ -457,6 +463,20 @@ class FaultTolerance(ApiModel):
             "`Enabled` lets NVRx restart the training loop inside the running processes first "
             "(fastest recovery); `Disabled` goes straight to process restarts."
         ),
+    )
+    spares: int = Field(
+        default=0,
+        description=(
+            "Warm spare pods (`<job>-<nodes>` and up), started with the job: their ranks import, "
+            "join the process group's world and wait. When a trainer pod is lost, a spare's "
+            "ranks take over the lost ranks inside the running processes (NVRx in-process "
+            "restart) while every other pod keeps its processes; the operator then creates a "
+            "new pod for the lost index, which waits as a spare from the next launcher restart "
+            "of the job on. A takeover spends no restart budget. Needs inProcessRestart: "
+            "Enabled; may change only while the job is suspended."
+        ),
+        ge=0,
+        le=64,
     )
     launcher_max_restarts: int = Field(
         default=3,
@@ -502,6 +522,12 @@ class FaultTolerance(ApiModel):
                 "faultTolerance.initialHeartbeatTimeoutSeconds must be at least "
                 "heartbeatTimeoutSeconds"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _spares_need_in_process_restart(self) -> Self:
+        if self.spares and self.in_process_restart != "Enabled":
+            raise ValueError("faultTolerance.spares needs inProcessRestart: Enabled")
         return self
 
 
@@ -645,6 +671,14 @@ class ResilientTrainingJobSpec(ApiModel):
             _only_while_suspended("env"),
             _only_while_suspended_optional("resources"),
             _only_while_suspended_optional("podTemplate"),
+            cel(
+                "!has(self.faultTolerance) || !has(oldSelf.faultTolerance) || "
+                "(has(self.faultTolerance.spares) ? self.faultTolerance.spares : 0) == "
+                "(has(oldSelf.faultTolerance.spares) ? oldSelf.faultTolerance.spares : 0) || "
+                "oldSelf.suspend",
+                "faultTolerance.spares may change only while the job is suspended",
+                field_path=".faultTolerance.spares",
+            ),
         )
     )
 

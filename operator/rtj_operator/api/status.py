@@ -58,6 +58,8 @@ class RankState(StrEnum):
     STARTING = "Starting"
     RUNNING = "Running"
     RESTARTING = "Restarting"
+    STANDBY = "Standby"
+    """A warm spare (its ranks wait to take over) or a replacement waiting for the next round."""
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SUSPENDED = "Suspended"
@@ -84,6 +86,11 @@ class RecoveryAction(StrEnum):
     FAIL = "Fail"
     LAUNCHER_RESTART = "LauncherRestart"
     IN_PROCESS_RESTART = "InProcessRestart"
+    SPARE_TAKEOVER = "SpareTakeover"
+    """A warm spare's ranks took over the lost pod's ranks in place; the pod is replaced as a
+    spare. Spends no budget."""
+    SPARE_REPLACE = "SpareReplace"
+    """A spare pod was lost and is replaced. Spends no budget."""
 
 
 class Reason(StrEnum):
@@ -174,6 +181,11 @@ class RestartCounts(ApiModel):
         default=0, description="Worker restarts by ft_launcher inside a pod.", ge=0
     )
     in_process: int = Field(default=0, description="In-process restarts by NVRx.", ge=0)
+    spare: int | None = Field(
+        default=None,
+        description="Lost pods whose ranks a warm spare took over in place (set once one did).",
+        ge=0,
+    )
 
 
 class RankStatus(ApiModel):
@@ -196,6 +208,27 @@ class RankStatus(ApiModel):
     restarts: int | None = Field(default=None, description="Restarts of this node index.", ge=0)
     attempt: int | None = Field(
         default=None, description="Attempt number of the current pod.", ge=0
+    )
+
+
+class SpareStatus(ApiModel):
+    """The job's warm spares (`spec.faultTolerance.spares`)."""
+
+    desired: int = Field(description="Spares the spec asks for.", ge=0)
+    ready: int = Field(
+        default=0,
+        description="Spare pods whose ranks are up and waiting to take over a lost pod.",
+        ge=0,
+    )
+    waiting: list[int] = Field(
+        default_factory=list,
+        description=(
+            "Node indexes of replacement pods whose launcher waits for the job's next launcher "
+            "round: a pod created after a takeover cannot join the running world, it becomes a "
+            "spare (or an active node) at the next ft_launcher restart of the job."
+        ),
+        max_length=MAX_NODES,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
     )
 
 
@@ -251,6 +284,9 @@ class ResilientTrainingJobStatus(ApiModel):
         default=None, description="The newest committed checkpoint."
     )
     restarts: RestartCounts | None = Field(default=None, description="Restarts by kind.")
+    spares: SpareStatus | None = Field(
+        default=None, description="Warm spares: wanted, ready, replacements waiting."
+    )
     ranks: list[RankStatus] = Field(
         default_factory=list,
         description="One entry per node index.",

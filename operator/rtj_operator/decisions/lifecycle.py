@@ -75,7 +75,8 @@ def suspended(p: _Pass) -> Decision:
         pods.append(p.observed.rendezvous_pod)
     for pod in pods:
         p.delete_pod(pod, "the job is suspended")
-    for index in range(p.spec.nodes):
+    p.waiting.clear()  # on resume every pod starts again and joins the first round
+    for index in range(p.pods):
         trainer = p.observed.trainer_pods.get(index)
         p.rank(index, state=RankState.SUSPENDED, pod=trainer.name if trainer else None,
                node=trainer.node_name if trainer else None)
@@ -126,10 +127,16 @@ def completion(p: _Pass, start_time: datetime) -> Decision | None:
     succeeded = [i for i, pod in pods.items() if pod.phase == "Succeeded"]
     if not succeeded:
         return None
-    if len(succeeded) == p.spec.nodes:
+    # A replacement still waiting for a launcher round never ran a worker: it cannot finish.
+    needed = [i for i in range(p.pods) if i not in p.waiting]
+    if all(i in succeeded for i in needed):
         for index, pod in pods.items():
+            if index in p.waiting:
+                p.delete_pod(pod, "training finished (it was waiting as a spare)")
+                continue
             p.rank(index, pod=pod.name, node=pod.node_name, attempt=pod.attempt,
                    state=RankState.SUCCEEDED)
+        p.waiting.clear()
         if p.observed.rendezvous_pod is not None:
             p.delete_pod(p.observed.rendezvous_pod, "training finished")
         p.event("Normal", Reason.COMPLETED, "Succeeded: every trainer pod exited 0")
@@ -147,8 +154,8 @@ def completion(p: _Pass, start_time: datetime) -> Decision | None:
         if checkpoint is not None and checkpoint.step > step:
             written = written.model_copy(update={"step": checkpoint.step})
         return status.decision(p, written)
-    still_running = [pod for pod in pods.values() if not pod.terminated]
-    if len(pods) < p.spec.nodes:
+    still_running = [pod for i, pod in pods.items() if not pod.terminated and i not in p.waiting]
+    if any(i not in pods for i in needed):
         return recovery.fail(p, Reason.PARTIAL,
                              "some trainer pods succeeded but another one is gone", start_time)
     if not still_running:
@@ -181,7 +188,7 @@ def create_missing(p: _Pass) -> None:
     )
     if not rendezvous_up:
         return
-    for index in range(p.spec.nodes):
+    for index in range(p.pods):
         if index in pods:
             continue
         attempt = p.next_attempt(index)

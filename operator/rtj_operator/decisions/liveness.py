@@ -67,7 +67,7 @@ def _clock_start(p: _Pass) -> datetime | None:
     """When every trainer pod was last (re)started or the last recovery began: the reference
     from which heartbeat and progress timeouts count. None while some pod is not running."""
     pods = p.observed.trainer_pods
-    if len(pods) < p.spec.nodes or any(
+    if len(pods) < p.pods or any(
         pod.phase != "Running" or pod.deleting for pod in pods.values()
     ):
         return None
@@ -80,9 +80,22 @@ def _clock_start(p: _Pass) -> datetime | None:
     return max(moments) if moments else None
 
 
+def _standby(p: _Pass, index: int, node: NodeLiveness | None) -> bool:
+    """Whether the pod trains nothing now: its every rank says it is a warm spare, or it is a
+    replacement still waiting for the next launcher round (no worker answers yet; once its
+    ranks answer, it joined a round and is no longer waiting)."""
+    answered = node is not None and node.complete and len(node.samples) == node.expected_ranks
+    if index in p.waiting:
+        if answered:
+            p.waiting.discard(index)
+        else:
+            return True
+    return answered and node is not None and all(sample.standby for sample in node.samples)
+
+
 def observe_ranks(p: _Pass) -> None:
     """Fill ranks[] from the pods and the scraped metrics."""
-    for index in range(p.spec.nodes):
+    for index in range(p.pods):
         pod = p.observed.trainer_pods.get(index)
         if pod is None:
             p.rank(index, pod=None, node=None)
@@ -97,12 +110,15 @@ def observe_ranks(p: _Pass) -> None:
                  "Failed": RankState.FAILED}.get(pod.phase, RankState.STARTING)
         if pod.deleting:
             state = RankState.RESTARTING
+        elif pod.phase == "Running" and _standby(p, index, node):
+            p.standby.add(index)
+            state, step, beat = RankState.STANDBY, None, None
         p.rank(index, pod=pod.name, node=pod.node_name, attempt=pod.attempt,
                last_heartbeat_time=beat, step=step, state=state)
     clock = _clock_start(p)
     if clock is None:
         return
-    for index in range(p.spec.nodes):
+    for index in p.active():
         beat = p.ranks[index].last_heartbeat_time
         if beat is not None and beat >= clock and _fresh(p, beat):
             p.rank(index, state=RankState.RUNNING)
@@ -115,12 +131,13 @@ def _fresh(p: _Pass, beat: datetime) -> bool:
 def find_faults(p: _Pass) -> list[DetectedFault]:
     faults: list[DetectedFault] = []
     pods = p.observed.trainer_pods
-    for index in range(p.spec.nodes):
+    for index in range(p.pods):
         pod = pods.get(index)
         state = (p.prev_ranks.get(index).state  # type: ignore[union-attr]
                  if index in p.prev_ranks else None)
         if pod is None:
-            if state in (RankState.STARTING, RankState.RUNNING, RankState.PENDING):
+            if state in (RankState.STARTING, RankState.RUNNING, RankState.PENDING,
+                     RankState.STANDBY):
                 faults.append(DetectedFault(IncidentCause.POD_VANISHED, index, p.now,
                                     f"pod {naming.trainer_pod_name(p.job.name, index)} is gone"))
             continue
@@ -161,7 +178,7 @@ def _liveness_faults(p: _Pass) -> list[DetectedFault]:
         seconds=ft.heartbeat_timeout_seconds + ft.initial_heartbeat_timeout_seconds
     )
     faults: list[DetectedFault] = []
-    for index in range(p.spec.nodes):
+    for index in p.active():
         beat = p.ranks[index].last_heartbeat_time
         evidence = beat if beat is not None and beat >= clock else clock
         if p.now - evidence > hang_after:
@@ -176,8 +193,8 @@ def _liveness_faults(p: _Pass) -> list[DetectedFault]:
     if faults:
         return faults
 
-    steps = {i: p.ranks[i].step for i in range(p.spec.nodes)}
-    nodes = [_node_liveness(p, i) for i in range(p.spec.nodes)]
+    steps = {i: p.ranks[i].step for i in p.active()}
+    nodes = [_node_liveness(p, i) for i in p.active()]
     if any(n is None or completed_step(n) is None for n in nodes):
         return []
     job_step = min(s for s in steps.values() if s is not None)
@@ -186,7 +203,7 @@ def _liveness_faults(p: _Pass) -> list[DetectedFault]:
         return []
     all_beating = all(
         (b := p.ranks[i].last_heartbeat_time) is not None and b >= clock and _fresh(p, b)
-        for i in range(p.spec.nodes)
+        for i in p.active()
     )
     stalled_since = max(p.progress_since, clock)
     if not all_beating or p.now - stalled_since <= timedelta(seconds=ft.progress_timeout_seconds):

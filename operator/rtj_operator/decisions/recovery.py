@@ -1,24 +1,63 @@
 """Recovery from the faults of rule 7, and failing the job (rules 4, 5 and 7).
 
-The cheapest fix that the budgets allow: `RankRestart` replaces only the faulty pods (spending
-`rankRestartBudget`); when that budget is spent, when every pod is at fault, when the fault
-concerns the whole job (the rendezvous is lost) or with `restartStrategy: FullRestart`, every pod
-is restarted (spending `fullRestartBudget`); when that is spent the job fails
-(RestartBudgetExceeded). Budgets count the operator's own restarts in `status.incidents` within
-the budget's window.
+Warm spares first, at no budget: a lost pod whose ranks a warm spare can take over
+(`SpareTakeover`) gets a replacement that waits as a spare, and a lost spare is replaced
+(`SpareReplace`). Then the cheapest fix that the budgets allow: `RankRestart` replaces only
+the faulty pods (spending `rankRestartBudget`); when that budget is spent, when every pod is
+at fault, when the fault concerns the whole job (the rendezvous is lost) or with
+`restartStrategy: FullRestart`, every pod is restarted (spending `fullRestartBudget`); when
+that is spent the job fails (RestartBudgetExceeded). Budgets count the operator's own
+restarts in `status.incidents` within the budget's window.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from rtj_operator.api.status import ConditionType, JobState, RankState, Reason, RecoveryAction
+from rtj_operator.api.status import (
+    ConditionType,
+    IncidentCause,
+    JobState,
+    RankState,
+    Reason,
+    RecoveryAction,
+)
 from rtj_operator.decisions import status
 from rtj_operator.decisions.state import Decision, DetectedFault, _Pass, restarts_within
+
+LOST = (IncidentCause.POD_FAILED, IncidentCause.POD_VANISHED, IncidentCause.POD_DELETED)
+"""Faults whose processes are gone, which a warm spare can take over."""
+
+
+def _spares_first(p: _Pass, faults: list[DetectedFault]) -> list[DetectedFault]:
+    """Answer what spares can answer, at no budget; return the faults left for the ladder.
+
+    A lost spare (or waiting replacement) is replaced. A lost active pod whose ranks a warm spare
+    can take over (NVRx in-process restart moves the spare's ranks into the lost ones while every
+    other pod keeps its processes) gets a replacement that waits as a spare."""
+    left = []
+    for fault in faults:
+        index = fault.node_index
+        was = p.prev_ranks.get(index) if index is not None else None
+        if index is not None and (index in p.standby or (
+                was is not None and was.state == RankState.STANDBY)):
+            replace_spare(p, fault)
+        else:
+            left.append(fault)
+    if (not left or p.spec.fault_tolerance.restart_strategy == "FullRestart"
+            or any(f.whole_job or f.cause not in LOST or f.node_index is None for f in left)
+            or len(left) > len(p.warm_spares())):
+        return left
+    for fault, spare in zip(left, p.warm_spares(), strict=False):
+        spare_takeover(p, fault, spare)
+    return []
 
 
 def recover(p: _Pass, faults: list[DetectedFault], start_time: datetime) -> Decision | None:
     """Spend the cheapest budget that can fix the faults, or fail the job."""
+    faults = _spares_first(p, faults)
+    if not faults:
+        return None
     ft = p.spec.fault_tolerance
     nodes_at_fault = {f.node_index for f in faults if f.node_index is not None}
     whole_job = (
@@ -73,6 +112,39 @@ def restart_rank(p: _Pass, fault: DetectedFault) -> None:
         p.delete_pod(pod, f"{fault.cause}: replacing it")
 
 
+def spare_takeover(p: _Pass, fault: DetectedFault, spare: int) -> None:
+    """A warm spare's ranks take over the lost pod's ranks in place (the trainers do it: NVRx
+    in-process restart with FillGaps); the lost index gets a new pod that waits as a spare."""
+    assert fault.node_index is not None
+    index = fault.node_index
+    p.add_incident(fault, RecoveryAction.SPARE_TAKEOVER,
+                   f"{fault.message}; spare pod {spare} takes over its ranks")
+    p.restarts.spare = (p.restarts.spare or 0) + 1
+    p.standby.discard(spare)
+    _replace_as_spare(p, index, f"{fault.cause}: a spare took over its ranks")
+    p.event("Warning", RecoveryAction.SPARE_TAKEOVER,
+            f"Node {index} lost ({fault.cause}): the ranks of spare pod {spare} take over in "
+            f"place; a new pod for node {index} waits as a spare. {fault.message}")
+
+
+def replace_spare(p: _Pass, fault: DetectedFault) -> None:
+    """A standby pod (a warm spare or a waiting replacement) was lost: replace it."""
+    assert fault.node_index is not None
+    p.add_incident(fault, RecoveryAction.SPARE_REPLACE)
+    _replace_as_spare(p, fault.node_index, f"{fault.cause}: replacing the spare")
+    p.event("Warning", RecoveryAction.SPARE_REPLACE,
+            f"Replacing spare pod {fault.node_index} ({fault.cause}): {fault.message}")
+
+
+def _replace_as_spare(p: _Pass, index: int, why: str) -> None:
+    pod = p.observed.trainer_pods.get(index)
+    p.standby.add(index)
+    p.waiting.add(index)
+    p.rank(index, state=RankState.RESTARTING, restarts=_restarts_of(p, index) + 1)
+    if pod is not None:
+        p.delete_pod(pod, why)
+
+
 def restart_everything(p: _Pass, fault: DetectedFault, summary: str) -> None:
     """Delete every trainer pod and the rendezvous pod (FullRestart); rule 8 starts them again
     once every one is gone."""
@@ -80,7 +152,8 @@ def restart_everything(p: _Pass, fault: DetectedFault, summary: str) -> None:
     p.restarts.full += 1
     p.event("Warning", RecoveryAction.FULL_RESTART,
             f"Restarting every pod ({fault.cause}): {summary}")
-    for index in range(p.spec.nodes):
+    p.waiting.clear()  # every launcher starts again and joins the first round
+    for index in range(p.pods):
         p.rank(index, state=RankState.RESTARTING, restarts=_restarts_of(p, index) + 1)
         pod = p.observed.trainer_pods.get(index)
         if pod is not None:

@@ -132,6 +132,20 @@ class _Pass:
         self.rendezvous_being_created = False
         self.progress_step = memory.progress_step
         self.progress_since = memory.progress_since
+        self.pods = plan.pods
+        """Trainer pods: node indexes 0..pods-1 (`spec.nodes` plus the warm spares)."""
+        self.waiting: set[int] = set(self.prev.spares.waiting) if self.prev.spares else set()
+        """Replacement pods created after a takeover, waiting for the next launcher round."""
+        self.standby: set[int] = set()
+        """Pods whose ranks train nothing now: warm spares and `waiting` (liveness.py)."""
+
+    def active(self) -> list[int]:
+        """The node indexes that train (every pod but the standby ones)."""
+        return [i for i in range(self.pods) if i not in self.standby]
+
+    def warm_spares(self) -> list[int]:
+        """Standby pods whose ranks are up, waiting to take over (not the waiting ones)."""
+        return sorted(i for i in self.standby if i not in self.waiting)
 
     # -- recording ---------------------------------------------------------------------------
 

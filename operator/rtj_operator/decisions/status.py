@@ -23,6 +23,7 @@ from rtj_operator.api.status import (
     Reason,
     RecoveryAction,
     ResilientTrainingJobStatus,
+    SpareStatus,
 )
 from rtj_operator.decisions.state import (
     Decision,
@@ -33,7 +34,8 @@ from rtj_operator.decisions.state import (
     whole_second,
 )
 
-OPERATOR_ACTIONS = (RecoveryAction.RANK_RESTART, RecoveryAction.FULL_RESTART)
+OPERATOR_ACTIONS = (RecoveryAction.RANK_RESTART, RecoveryAction.FULL_RESTART,
+                    RecoveryAction.SPARE_TAKEOVER, RecoveryAction.SPARE_REPLACE)
 """Recoveries the operator runs itself; it times them from detection to recovery. Restarts
 inside the pods (ft_launcher, in-process) are only seen afterwards, in the trainers' counters."""
 
@@ -94,8 +96,8 @@ def _bounded(incidents: list[Incident]) -> list[Incident]:
 def running(p: _Pass, start_time: datetime) -> Decision:
     """The status of a job that is starting, running or recovering (nothing ended it)."""
     _worker_restart_incidents(p)
-    ready = sum(1 for i in range(p.spec.nodes) if p.ranks[i].state == RankState.RUNNING)
-    all_ready = ready == p.spec.nodes
+    ready = sum(1 for i in p.active() if p.ranks[i].state == RankState.RUNNING)
+    all_ready = ready >= p.spec.nodes
     recovering = any(is_open(i) for i in p.incidents)
     if all_ready:
         recover_incidents(p)
@@ -108,7 +110,7 @@ def running(p: _Pass, start_time: datetime) -> Decision:
         state, reason = JobState.RECOVERING, open_incident.action or RecoveryAction.RANK_RESTART
         message = f"Recovering from {open_incident.cause}: {open_incident.message}"
     elif all(p.ranks[i].state in (RankState.STARTING, RankState.RUNNING)
-             for i in range(p.spec.nodes)):
+             for i in p.active()):
         state, reason = JobState.PENDING, Reason.STARTING
         message = "Waiting for every rank's heartbeat."
     else:
@@ -132,7 +134,7 @@ def _training_progress(p: _Pass) -> dict[str, Any]:
     """step, last_checkpoint and goodput from the scraped metrics (kept when nothing answered);
     a field nothing is known about is left out."""
     result: dict[str, Any] = {}
-    steps = [p.ranks[i].step for i in range(p.spec.nodes) if i in p.ranks]
+    steps = [p.ranks[i].step for i in p.active() if i in p.ranks]
     if steps and all(s is not None for s in steps):
         result["step"] = min(s for s in steps if s is not None)
     elif p.prev.step is not None:
@@ -200,7 +202,7 @@ def build(
 ) -> ResilientTrainingJobStatus:
     """The complete status of this pass. Only the fields it knows are set: one left out keeps
     its value on the object (the status is written as a merge patch)."""
-    for index in range(p.spec.nodes):
+    for index in range(p.pods):
         p.rank(index)  # make sure every node index has an entry
     restarts = p.restarts.model_copy(update={
         "total": p.restarts.rank + p.restarts.full + p.restarts.launcher + p.restarts.in_process
@@ -215,10 +217,17 @@ def build(
         "nodes_desired": p.spec.nodes,
         "nodes": f"{ready_nodes}/{p.spec.nodes}",
         "restarts": restarts,
-        "ranks": [p.ranks[i] for i in range(p.spec.nodes)],
+        "ranks": [p.ranks[i] for i in range(p.pods)],
         "incidents": _bounded(p.incidents),
         **_training_progress(p),
     }
+    if p.spec.fault_tolerance.spares or p.waiting:
+        fields["spares"] = SpareStatus(
+            desired=p.spec.fault_tolerance.spares,
+            ready=len(p.warm_spares()) if state in (JobState.RUNNING, JobState.RECOVERING,
+                                                     JobState.PENDING) else 0,
+            waiting=sorted(p.waiting),
+        )
     if start_time is not None:
         fields["start_time"] = whole_second(start_time)
     completion = completion_time or p.prev.completion_time
