@@ -1,0 +1,113 @@
+"""Warm spares end to end (issue 10): a job with `faultTolerance.spares: 1` on the local cluster
+loses a trainer pod; the spare's ranks take over in place, the other pods' trainer processes keep
+running (same PIDs), a replacement pod waits as the next spare, and training ends with the loss
+of a fault-free run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+import pytest
+from e2e.test_operator_jobs import (
+    apply,
+    cpu_tiny,
+    describe,
+    pods_by_role,
+    status,
+    summary,
+    wait_for,
+)
+from harness.cluster import Cluster
+
+if TYPE_CHECKING:
+    from e2e.conftest import OperatorProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+STEPS = 120
+
+
+def trainer_pids(cluster: Cluster, ns: str, pod: str) -> set[int]:
+    """PIDs of the pod's worker processes (children of its launcher running `rtj_trainer`)."""
+    run = next(p for p in cluster.nodes.pods() if p["namespace"] == ns and p["name"] == pod)
+    pids: set[int] = set()
+    for procs in Path(run["cgroup"]).rglob("cgroup.procs"):
+        for line in procs.read_text().split():
+            try:
+                process = psutil.Process(int(line))
+                command = " ".join(process.cmdline())
+                parent = " ".join(process.parent().cmdline()) if process.parent() else ""
+            except (psutil.Error, ValueError):
+                continue
+            if "-m rtj_trainer " in f"{command} " and "ftlaunch" in parent:
+                pids.add(process.pid)
+    return pids
+
+
+def spare_job(name: str, *, spares: int) -> dict[str, Any]:
+    manifest = cpu_tiny(name, steps=STEPS, faults=None)
+    manifest["spec"]["faultTolerance"]["spares"] = spares
+    return manifest
+
+
+def test_a_warm_spare_takes_over_a_lost_pod_and_the_others_keep_their_processes(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name = namespace, "spare"
+    apply(cluster, ns, spare_job(name, spares=1))
+    context = lambda: describe(cluster, ns, name, operator)  # noqa: E731
+    ready = wait_for("a ready spare and a committed checkpoint", lambda: (
+        s if (s := status(cluster, ns, name)).get("spares", {}).get("ready") == 1
+        and (s.get("lastCheckpoint") or {}).get("step", 0) >= 20 else None),
+        timeout=300, context=context)
+    assert [r["state"] for r in ready["ranks"]] == ["Running", "Running", "Standby"]
+    assert ready["nodes"] == "2/2"
+    trainers = pods_by_role(cluster, ns, "trainer")
+    assert sorted(trainers) == [f"{name}-0", f"{name}-1", f"{name}-2"]
+    command = trainers[f"{name}-0"]["spec"]["containers"][0]["command"]
+    assert command[:3] == ["python", "-m", "rtj_trainer.ftlaunch"] and "--nnodes=3" in command
+    before = {i: trainer_pids(cluster, ns, f"{name}-{i}") for i in (0, 2)}
+    assert all(len(p) == 2 for p in before.values()), before
+    uid_1 = trainers[f"{name}-1"]["metadata"]["uid"]
+    step_at_kill = ready.get("step") or 0
+
+    cluster.nodes.kill_pod(ns, f"{name}-1")  # every process of pod 1, its launcher too
+
+    taken = wait_for("the spare to take over", lambda: (
+        s if (s := status(cluster, ns, name)).get("restarts", {}).get("spare") == 1 else None),
+        timeout=120, context=context)
+    incident = taken["incidents"][-1]
+    assert (incident["action"], incident["nodeIndex"]) == ("SpareTakeover", 1)
+    assert taken["restarts"]["rank"] == 0 and taken["restarts"]["full"] == 0
+    # Training goes on past the kill with the spare's ranks in pod 1's place ...
+    wait_for("training to go on", lambda: (status(cluster, ns, name).get("step") or 0)
+             >= step_at_kill + 15, timeout=180, context=context)
+    # ... in the very same processes on pods 0 and 2,
+    assert {i: trainer_pids(cluster, ns, f"{name}-{i}") for i in (0, 2)} == before
+    # while a new pod 1 waits as the next spare.
+    now = status(cluster, ns, name)
+    assert now["spares"]["waiting"] == [1], now
+    assert [r["state"] for r in now["ranks"]] == ["Running", "Standby", "Running"]
+    replacement = pods_by_role(cluster, ns, "trainer")[f"{name}-1"]
+    assert replacement["metadata"]["uid"] != uid_1
+    assert replacement["metadata"]["labels"]["training.resilient.dev/attempt"] == "1"
+
+    wait_for("the job to finish", lambda: status(cluster, ns, name).get("state")
+             in ("Succeeded", "Failed"), timeout=400, interval=2, context=context)
+    final = status(cluster, ns, name)
+    assert final["state"] == "Succeeded", context()
+    assert final["step"] == STEPS
+    assert final["restarts"]["rank"] == 0 and final["restarts"]["full"] == 0
+    takeover = next(i for i in final["incidents"] if i["action"] == "SpareTakeover")
+    assert takeover["recoveredTime"] and takeover["seconds"] > 0
+    done = summary(cluster, ns, f"{name}-0")
+    assert done["restarts"]["inprocess"] == 1 and done["restarts"]["launcher"] == 0
+
+    # The same job without spares or faults ends with the same loss, bit for bit.
+    apply(cluster, ns, spare_job("plain", spares=0))
+    wait_for("the fault-free job to finish", lambda: status(cluster, ns, "plain").get("state")
+             in ("Succeeded", "Failed"), timeout=400, interval=2,
+             context=lambda: describe(cluster, ns, "plain", operator))
+    assert summary(cluster, ns, "plain-0")["final_loss"] == done["final_loss"]
