@@ -13,9 +13,12 @@ has trained `--kill-step` steps, every process of pod `<job>-1` gets SIGKILL (th
 - the incident the operator records (`status.incidents[]`: detected / acted / recovered,
   whole-second timestamps) and the pods it replaced.
 
-`RankRestart` replaces only the killed pod; the surviving pod's ft_launcher restarts its workers
-and waits in the rendezvous for the replacement. `FullRestart` deletes and recreates every pod:
-what plain Kubernetes gives a job (the seed's baseline, minus its CrashLoopBackOff delays).
+`RankRestart+spare` runs the job with `faultTolerance.spares: 1` (and in-process restart on, which
+spares need) and kills pod 1 once the spare is ready: the spare's ranks take over pod 1's in the
+running processes (NVRx in-process restart), no pod is waited for. `RankRestart` replaces only
+the killed pod; the surviving pod's ft_launcher restarts its workers and waits in the rendezvous
+for the replacement. `FullRestart` deletes and recreates every pod: what plain Kubernetes gives a
+job (the seed's baseline, minus its CrashLoopBackOff delays).
 
     python -m bench.operator_recovery --out results/operator-recovery.json
 """
@@ -58,7 +61,8 @@ sys.path.insert(0, str(REPO_ROOT / "tests"))
 
 EXAMPLE = REPO_ROOT / "examples" / "cpu-tiny.yaml"
 GROUP_PATH = "/apis/training.resilient.dev/v1alpha1"
-STRATEGIES = ("RankRestart", "FullRestart")
+SPARE = "RankRestart+spare"
+STRATEGIES = (SPARE, "RankRestart", "FullRestart")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m bench.operator_recovery", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strategies", default=",".join(STRATEGIES),
-                        help="comma-separated restart strategies (default RankRestart,FullRestart)")
+                        help=f"comma-separated restart strategies (default {','.join(STRATEGIES)})")
     parser.add_argument("--repeats", type=int, default=1, help="jobs per strategy (default 1)")
     parser.add_argument("--steps", type=int, default=200, help="job length in steps (default 200)")
     parser.add_argument("--kill-step", type=int, default=35,
@@ -75,9 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="checkpoint.intervalSteps (default 10)")
     parser.add_argument("--inprocess-restart", choices=("Enabled", "Disabled"),
                         default="Disabled",
-                        help="faultTolerance.inProcessRestart of the job (default Disabled: a "
-                             "lost pod cannot be recovered in-process, and on a loaded 2-core "
-                             "machine spurious in-process restarts add noise)")
+                        help="faultTolerance.inProcessRestart of the RankRestart and FullRestart "
+                             "jobs (default Disabled: without a spare a lost pod cannot be "
+                             "recovered in-process); the RankRestart+spare job always enables it")
     parser.add_argument("--reconcile-interval", type=float, default=None,
                         help="RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS (default: the operator's)")
     parser.add_argument("--job-timeout", type=float, default=600.0,
@@ -110,8 +114,10 @@ def job_manifest(
     if not spec["env"]:
         del spec["env"]
     spec["checkpoint"]["intervalSteps"] = interval
-    spec["faultTolerance"]["restartStrategy"] = strategy
-    spec["faultTolerance"]["inProcessRestart"] = inprocess
+    spec["faultTolerance"]["restartStrategy"] = "RankRestart" if strategy == SPARE else strategy
+    spec["faultTolerance"]["inProcessRestart"] = "Enabled" if strategy == SPARE else inprocess
+    if strategy == SPARE:
+        spec["faultTolerance"]["spares"] = 1
     spec["faultTolerance"]["fullRestartBudget"] = {"max": 3, "windowSeconds": 3600}
     spec["faultTolerance"]["rankRestartBudget"] = {"max": 3, "windowSeconds": 3600}
     return manifest
@@ -176,7 +182,9 @@ class JobRun:
         while time.monotonic() < deadline:
             path = self.losses_path()
             records = read_losses(path) if path else []
-            if records and max(r.step for r in records) >= args.kill_step:
+            spare_ready = self.strategy != SPARE or (
+                (self.status().get("spares") or {}).get("ready", 0) >= 1)
+            if records and max(r.step for r in records) >= args.kill_step and spare_ready:
                 break
             if self.status().get("state") in ("Failed", "Succeeded"):
                 break
@@ -227,7 +235,8 @@ class JobRun:
                      if (parse_time(i.get("detectedTime")) or 0) >= kill_at - 2]
         result["incidents"] = incidents
         operator_incident = next(
-            (i for i in incidents if i.get("action") in ("RankRestart", "FullRestart")), None)
+            (i for i in incidents
+             if i.get("action") in ("SpareTakeover", "RankRestart", "FullRestart")), None)
         if operator_incident:
             result["incident"] = {
                 "cause": operator_incident.get("cause"),
@@ -344,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         for strategy in [s for s in args.strategies.split(",") if s]:
             runs = []
             for repeat in range(args.repeats):
-                name = f"bench-{strategy.lower()}-{repeat}"
+                name = f"bench-{strategy.lower().replace('+', '-')}-{repeat}"
                 result = JobRun(cluster, namespace, name, strategy, args).run()
                 print(f"[bench.operator_recovery] {name}: state={result.get('final_state')} "
                       f"kill→next step={result.get('recovery', {}).get('total_seconds')} s "
