@@ -3,8 +3,9 @@
 
 It starts a throw-away local control plane (etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler) with three process-backed p5.48xlarge-like nodes, runs the operator, applies
-examples/cpu-tiny.yaml (2 nodes x 2 ranks of the tiny CPU trainer under ft_launcher, with the
-faults its TRAINER_FAULTS injects), prints `kubectl get rtj` whenever it changes, and at the end
+examples/cpu-tiny-spares.yaml (2 nodes x 2 ranks of the tiny CPU trainer under ft_launcher plus
+one warm spare pod, with the faults its TRAINER_FAULTS injects: the last one loses a whole pod,
+which the spare takes over), prints `kubectl get rtj` whenever it changes, and at the end
 prints what happened: state, steps, restarts by kind, incidents with their recovery seconds,
 goodput, and the trainer's own summary line. Everything it started is stopped on the way out.
 
@@ -66,7 +67,12 @@ def print_summary(job: dict[str, Any], trainer: dict[str, Any] | None, wall: flo
     r = st.get("restarts") or {}
     print(f"  restarts             total {r.get('total', 0)}: rank-pod {r.get('rank', 0)}, "
           f"full {r.get('full', 0)}, launcher {r.get('launcher', 0)}, "
-          f"in-process {r.get('inProcess', 0)}")
+          f"in-process {r.get('inProcess', 0)}, spare takeovers {r.get('spare') or 0}")
+    spares = st.get("spares")
+    if spares:
+        print(f"  spares               {spares.get('ready', 0)}/{spares.get('desired', 0)} ready"
+              + (f", pods {spares['waiting']} waiting for the next launcher round"
+                 if spares.get("waiting") else ""))
     print(f"  goodput (operator)   {st.get('goodput', '-')}")
     print(f"  demo wall time       {wall:.0f} s")
     incidents = st.get("incidents") or []
@@ -91,7 +97,7 @@ def print_summary(job: dict[str, Any], trainer: dict[str, Any] | None, wall: flo
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--example", default=str(ROOT / "examples" / "cpu-tiny.yaml"))
+    ap.add_argument("--example", default=str(ROOT / "examples" / "cpu-tiny-spares.yaml"))
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
