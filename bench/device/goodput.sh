@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Goodput of a 2,000-step run of the `1b` model shape on the GPUs of one host (2 ranks) with five
+# injected faults (exception, SIGKILL, hang, exception, SIGKILL), in-process restart on, through
+# the device tool (wheels carried in .whl/; see bench/device/setup.sh):
+#
+#   bash bench/device/goodput.sh
+#
+# BATCH (default 4, half the `1b` preset's 8) keeps the whole run inside one device call's
+# 10 minutes; shorter steps make each fault cost a larger share of the run, so the goodput is, if
+# anything, understated. Writes $OUT/goodput.json (bench.goodput's JSON).
+set -u
+. bench/device/setup.sh || exit 1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m bench.goodput --variants faulted-inprocess --steps "${STEPS:-2000}" \
+  --checkpoint-interval "${INTERVAL:-50}" --heartbeat-timeout "${HB:-10}" \
+  --set model.num_layers=16 --set model.d_model=2048 --set model.num_heads=16 \
+  --set model.vocab_size=32000 --set model.seq_len=2048 --set data.batch_size="${BATCH:-4}" \
+  --run-timeout "${RUN_TIMEOUT:-540}" --work-dir /tmp/gp --out "$OUT/goodput.json"
+rc=$?
+grep -aE "Cycle: [0-9]+ Event: failure_detected|fn_ex|injecting fault|resumed from|summary" \
+  /tmp/gp/*.log | tail -n 80 > "$OUT/goodput-log.txt"
+exit $rc
