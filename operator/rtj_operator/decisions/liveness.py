@@ -66,8 +66,10 @@ def _node_liveness(p: _Pass, index: int) -> NodeLiveness | None:
 def _clock_start(p: _Pass) -> datetime | None:
     """When every trainer pod was last (re)started or the last recovery began: the reference
     from which heartbeat and progress timeouts count. None while some pod is not running."""
-    pods = p.observed.trainer_pods
-    if len(pods) < p.pods or any(
+    # Standby pods (warm spares, replacements waiting for a round) train nothing: one that is
+    # pending or restarting does not stop the clocks of the pods that do.
+    pods = {i: pod for i, pod in p.observed.trainer_pods.items() if i not in p.standby}
+    if any(i not in pods for i in p.active()) or any(
         pod.phase != "Running" or pod.deleting for pod in pods.values()
     ):
         return None
@@ -98,6 +100,8 @@ def observe_ranks(p: _Pass) -> None:
     for index in range(p.pods):
         pod = p.observed.trainer_pods.get(index)
         if pod is None:
+            if index in p.waiting:
+                p.standby.add(index)  # its replacement is about to be created
             p.rank(index, pod=None, node=None)
             continue
         node = _node_liveness(p, index)

@@ -10,7 +10,8 @@ checkpoints newest first and validates each (world size, shard count, sizes, chu
 
 Besides the checkpoints, the root holds two files that other programs read:
 `commits.jsonl` (one record per commit, for benchmarks and the summary: `read_commit_log`) and
-`latest-committed-step` (the format of ft_launcher's `--ft-checkpoint-iteration-file`, which is not passed: docs/nvrx.md 2.2).
+`latest-committed-step` (the format of ft_launcher's `--ft-checkpoint-iteration-file`, which
+is not passed: docs/nvrx.md 2.2).
 """
 
 from __future__ import annotations
