@@ -118,3 +118,16 @@ def test_the_job_succeeds_without_the_replacement_that_never_joined() -> None:
 def test_spares_need_in_process_restart() -> None:
     with pytest.raises(ValueError, match="spares needs inProcessRestart"):
         job(faultTolerance={"inProcessRestart": "Disabled", "spares": 1})
+
+
+def test_a_pending_replacement_does_not_switch_off_hang_detection() -> None:
+    status = {"spares": {"desired": 1, "ready": 0, "waiting": [1]}}
+    observed = world(trainer(0), trainer(1, "Pending", attempt=1), trainer(2), rdzv=rendezvous())
+    much_later = T0 + timedelta(hours=1)
+    # Pod 2 beats now; pod 0's last beat is an hour old.
+    stale = scraped(observed, T0, standby=set(), step=500)
+    fresh = scraped(observed, much_later, standby=set(), step=500)
+    d = decide(spare_job(status), observed, now=much_later, liveness={0: stale[0], 2: fresh[2]})
+    incident = d.status["incidents"][-1]
+    assert (incident["cause"], incident["nodeIndex"]) == ("HeartbeatTimeout", 0)
+    assert d.status["ranks"][1]["state"] == "Pending"

@@ -114,9 +114,11 @@ def observe_ranks(p: _Pass) -> None:
                  "Failed": RankState.FAILED}.get(pod.phase, RankState.STARTING)
         if pod.deleting:
             state = RankState.RESTARTING
-        elif pod.phase == "Running" and _standby(p, index, node):
+        elif (pod.phase == "Running" or index in p.waiting) and _standby(p, index, node):
             p.standby.add(index)
-            state, step, beat = RankState.STANDBY, None, None
+            step, beat = None, None
+            if pod.phase == "Running":
+                state = RankState.STANDBY
         p.rank(index, pod=pod.name, node=pod.node_name, attempt=pod.attempt,
                last_heartbeat_time=beat, step=step, state=state)
     clock = _clock_start(p)
