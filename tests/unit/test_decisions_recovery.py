@@ -13,6 +13,7 @@ from unit.decisions_builders import (
     T0,
     beats,
     condition,
+    decide,
     created,
     deleted,
     events,
@@ -193,3 +194,38 @@ def test_a_failed_rendezvous_pod_is_deleted_with_the_trainers() -> None:
     two = then(one, j, world(trainer(0), trainer(1), rdzv=rendezvous("Failed")),
                now=T0 + timedelta(seconds=60))
     assert sorted(deleted(two)) == ["tiny-0", "tiny-1", "tiny-rdzv"]
+
+
+def test_the_full_restart_budget_holds_when_rank_restarts_fill_the_incident_list() -> None:
+    # review C5: three full restarts, then eighteen rank restarts; the 20-entry incident list no
+    # longer shows the full restarts, but their records do, so a fourth whole-job fault within
+    # the day fails the job instead of restarting it again.
+    def at(hours: float) -> str:
+        return (T0 + timedelta(hours=hours)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    rank_times = [at(3 + n / 3) for n in range(18)]
+    incidents = [{"cause": "PodFailed", "nodeIndex": 1, "detectedTime": t, "actedTime": t,
+                  "action": "RankRestart"} for t in rank_times]
+    status = {"state": "Running", "incidents": incidents,
+              "restartRecords": {"rank": rank_times[-10:], "full": [at(0), at(1), at(2)]}}
+    j = job(status, faultTolerance={"rankRestartBudget": {"max": 10, "windowSeconds": 3600},
+                                    "fullRestartBudget": {"max": 3, "windowSeconds": 86400}})
+    now = T0 + timedelta(hours=9)
+    lost = world(trainer(0), trainer(1), rdzv=None)
+    d = decide(j, lost, now=now, liveness=beats(now, pods=lost))
+    assert d.status["state"] == "Failed"
+    assert d.status["reason"] == Reason.BUDGET
+
+
+def test_restart_records_keep_the_newest_max_of_each_kind() -> None:
+    j = job(faultTolerance={"rankRestartBudget": {"max": 2, "windowSeconds": 600}})
+    state = running(j)
+    now = T0
+    for n in range(3):  # three rank restarts, far enough apart to stay within the budget
+        now = now + timedelta(seconds=400)
+        failed = world(trainer(0), trainer(1, "Failed", attempt=n, exit_code=1),
+                       rdzv=rendezvous())
+        state = then(state, j, failed, now=now, liveness=beats(now, pods=failed))
+        assert state.status["incidents"][-1]["action"] == "RankRestart"
+    records = state.status["restartRecords"]
+    assert len(records["rank"]) == 2 and records["full"] == []

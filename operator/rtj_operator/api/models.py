@@ -36,6 +36,7 @@ from rtj_operator import profiles
 from rtj_operator.api.schema import MAX_NODES as MAX_NODES
 from rtj_operator.api.schema import ApiModel as ApiModel
 from rtj_operator.api.status import MAX_INCIDENTS as MAX_INCIDENTS
+from rtj_operator.api.status import MAX_RESTART_RECORDS as MAX_RESTART_RECORDS
 from rtj_operator.api.status import Condition as Condition
 from rtj_operator.api.status import Incident as Incident
 from rtj_operator.api.status import LastCheckpoint as LastCheckpoint
@@ -390,7 +391,14 @@ class Checkpoint(ApiModel):
 class RankRestartBudget(ApiModel):
     """How many single-node (rank) restarts the job may spend within a sliding window."""
 
-    max: int = Field(default=10, description="Restarts allowed within the window.", ge=0, le=10000)
+    max: int = Field(
+        default=10,
+        description=(
+            "Restarts allowed within the window (at most 100: the status keeps a record of each)."
+        ),
+        ge=0,
+        le=MAX_RESTART_RECORDS,
+    )
     window_seconds: int = Field(
         default=3600, description="Length of the sliding window in seconds.", ge=1, le=INT32_MAX
     )
@@ -399,7 +407,14 @@ class RankRestartBudget(ApiModel):
 class FullRestartBudget(ApiModel):
     """How many whole-job restarts (every pod recreated) the job may spend within a window."""
 
-    max: int = Field(default=3, description="Restarts allowed within the window.", ge=0, le=10000)
+    max: int = Field(
+        default=3,
+        description=(
+            "Restarts allowed within the window (at most 100: the status keeps a record of each)."
+        ),
+        ge=0,
+        le=MAX_RESTART_RECORDS,
+    )
     window_seconds: int = Field(
         default=86400, description="Length of the sliding window in seconds.", ge=1, le=INT32_MAX
     )

@@ -211,6 +211,24 @@ class RankStatus(ApiModel):
     )
 
 
+MAX_RESTART_RECORDS = 100
+"""Most restarts a budget may allow per window: each budget's records are kept in the status."""
+
+
+class RestartRecords(ApiModel):
+    """When the operator's own restarts happened, per kind: what the restart budgets count.
+
+    Each list keeps the newest `max` entries of its budget (at most 100), apart from the incident
+    list, so no other record can push a restart out before its window ends."""
+
+    rank: list[Timestamp] = Field(
+        default_factory=list, description="RankRestarts, oldest first.",
+        max_length=MAX_RESTART_RECORDS)
+    full: list[Timestamp] = Field(
+        default_factory=list, description="FullRestarts, oldest first.",
+        max_length=MAX_RESTART_RECORDS)
+
+
 class SpareStatus(ApiModel):
     """The job's warm spares (`spec.faultTolerance.spares`)."""
 
@@ -284,6 +302,10 @@ class ResilientTrainingJobStatus(ApiModel):
         default=None, description="The newest committed checkpoint."
     )
     restarts: RestartCounts | None = Field(default=None, description="Restarts by kind.")
+    restart_records: RestartRecords | None = Field(
+        default=None,
+        description="When the operator's restarts of each kind happened (what budgets count).",
+    )
     spares: SpareStatus | None = Field(
         default=None, description="Warm spares: wanted, ready, replacements waiting."
     )

@@ -7,7 +7,8 @@ the faulty pods (spending `rankRestartBudget`); when that budget is spent, when 
 at fault, when the fault concerns the whole job (the rendezvous is lost) or with
 `restartStrategy: FullRestart`, every pod is restarted (spending `fullRestartBudget`); when
 that is spent the job fails (RestartBudgetExceeded). Budgets count the operator's own
-restarts in `status.incidents` within the budget's window.
+restarts of their kind within the budget's window, from `status.restartRecords` (kept apart from
+the incident list, the newest `max` per kind).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rtj_operator.api.status import (
     RecoveryAction,
 )
 from rtj_operator.decisions import status
-from rtj_operator.decisions.state import Decision, DetectedFault, _Pass, restarts_within
+from rtj_operator.decisions.state import Decision, DetectedFault, _Pass
 
 LOST = (IncidentCause.POD_FAILED, IncidentCause.POD_VANISHED, IncidentCause.POD_DELETED)
 """Faults whose processes are gone, which a warm spare can take over."""
@@ -68,7 +69,7 @@ def recover(p: _Pass, faults: list[DetectedFault], start_time: datetime) -> Deci
     if not whole_job:
         budget = ft.rank_restart_budget
         window_start = p.now - timedelta(seconds=budget.window_seconds)
-        spent = restarts_within(p.incidents, RecoveryAction.RANK_RESTART, window_start)
+        spent = p.restarts_within(RecoveryAction.RANK_RESTART, window_start)
         if spent + len(faults) <= budget.max:
             for fault in faults:
                 restart_rank(p, fault)
@@ -78,7 +79,7 @@ def recover(p: _Pass, faults: list[DetectedFault], start_time: datetime) -> Deci
                 "restarting every pod")
     budget_full = ft.full_restart_budget
     window_start = p.now - timedelta(seconds=budget_full.window_seconds)
-    spent_full = restarts_within(p.incidents, RecoveryAction.FULL_RESTART, window_start)
+    spent_full = p.restarts_within(RecoveryAction.FULL_RESTART, window_start)
     first = faults[0]
     summary = "; ".join(f.message for f in faults)
     if spent_full >= budget_full.max:
@@ -104,6 +105,7 @@ def restart_rank(p: _Pass, fault: DetectedFault) -> None:
     index = fault.node_index
     pod = p.observed.trainer_pods.get(index)
     p.add_incident(fault, RecoveryAction.RANK_RESTART)
+    p.record_restart(RecoveryAction.RANK_RESTART, p.spec.fault_tolerance.rank_restart_budget.max)
     p.restarts.rank += 1
     p.rank(index, state=RankState.RESTARTING, restarts=_restarts_of(p, index) + 1)
     p.event("Warning", RecoveryAction.RANK_RESTART,
@@ -149,6 +151,7 @@ def restart_everything(p: _Pass, fault: DetectedFault, summary: str) -> None:
     """Delete every trainer pod and the rendezvous pod (FullRestart); rule 8 starts them again
     once every one is gone."""
     p.add_incident(fault, RecoveryAction.FULL_RESTART, summary)
+    p.record_restart(RecoveryAction.FULL_RESTART, p.spec.fault_tolerance.full_restart_budget.max)
     p.restarts.full += 1
     p.event("Warning", RecoveryAction.FULL_RESTART,
             f"Restarting every pod ({fault.cause}): {summary}")

@@ -7,7 +7,6 @@ Every rule module takes the one `_Pass` of the call (`p`) and records into it; o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -85,14 +84,19 @@ def from_unix(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, tz=UTC)
 
 
-def restarts_within(
-    incidents: Sequence[Incident], action: RecoveryAction, since: datetime
-) -> int:
-    """How many restarts of a kind the job spent since `since` (the budget window)."""
-    return sum(
-        1 for i in incidents
-        if i.action == action and i.acted_time is not None and i.acted_time >= since
-    )
+BUDGETED = (RecoveryAction.RANK_RESTART, RecoveryAction.FULL_RESTART)
+"""The operator's restarts that budgets count (status.restartRecords)."""
+
+
+def _records(status: ResilientTrainingJobStatus) -> dict[RecoveryAction, list[datetime]]:
+    """The restart records of the previous status; a status written before records existed
+    falls back to the restarts its incident list still holds."""
+    if status.restart_records is not None:
+        return {RecoveryAction.RANK_RESTART: list(status.restart_records.rank),
+                RecoveryAction.FULL_RESTART: list(status.restart_records.full)}
+    return {action: sorted(i.acted_time for i in status.incidents
+                           if i.action == action and i.acted_time is not None)
+            for action in BUDGETED}
 
 
 class _Pass:
@@ -136,8 +140,19 @@ class _Pass:
         """Trainer pods: node indexes 0..pods-1 (`spec.nodes` plus the warm spares)."""
         self.waiting: set[int] = set(self.prev.spares.waiting) if self.prev.spares else set()
         """Replacement pods created after a takeover, waiting for the next launcher round."""
+        self.records = _records(self.prev)
+        """When the operator's budgeted restarts happened, per kind (status.restartRecords)."""
         self.standby: set[int] = set()
         """Pods whose ranks train nothing now: warm spares and `waiting` (liveness.py)."""
+
+    def restarts_within(self, action: RecoveryAction, since: datetime) -> int:
+        """How many restarts of a kind the job spent since `since` (the budget window)."""
+        return sum(1 for at in self.records[action] if at >= since)
+
+    def record_restart(self, action: RecoveryAction, keep: int) -> None:
+        """Remember a budgeted restart; a budget of `keep` per window needs no more than the
+        newest `keep` records."""
+        self.records[action] = [*self.records[action], self.now][-max(keep, 1):]
 
     def active(self) -> list[int]:
         """The node indexes that train (every pod but the standby ones)."""

@@ -23,6 +23,7 @@ from rtj_operator.api.status import (
     Reason,
     RecoveryAction,
     ResilientTrainingJobStatus,
+    RestartRecords,
     SpareStatus,
 )
 from rtj_operator.decisions.state import (
@@ -221,6 +222,11 @@ def build(
         "incidents": _bounded(p.incidents),
         **_training_progress(p),
     }
+    if any(p.records.values()) or p.prev.restart_records is not None:
+        fields["restart_records"] = RestartRecords(
+            rank=[whole_second(t) for t in p.records[RecoveryAction.RANK_RESTART]],
+            full=[whole_second(t) for t in p.records[RecoveryAction.FULL_RESTART]],
+        )
     if p.spec.fault_tolerance.spares or p.waiting:
         fields["spares"] = SpareStatus(
             desired=p.spec.fault_tolerance.spares,
