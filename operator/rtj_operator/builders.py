@@ -154,6 +154,9 @@ def trainer_env(
         ("RTJ_INPROCESS_RESTART",
          "1" if spec.fault_tolerance.in_process_restart == "Enabled" else "0"),
         ("RTJ_SPARE_NODES", str(spec.fault_tolerance.spares)),
+        # Only a job that asks for it may fire TRAINER_FAULTS (the trainer refuses them else).
+        *((("RTJ_FAULT_INJECTION", "1"),)
+          if spec.fault_tolerance.fault_injection == "Enabled" else ()),
         ("RTJ_HEARTBEAT_TIMEOUT_SECONDS", str(spec.fault_tolerance.heartbeat_timeout_seconds)),
     ]
     platform: dict[str, str] = dict(plan.resources.env)

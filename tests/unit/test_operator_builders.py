@@ -228,3 +228,14 @@ def test_pods_built_from_one_plan_share_no_resource_dicts() -> None:
     first["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "1"
     assert second["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "184"
     assert plan.resources.requests["cpu"] == "184"
+
+
+def test_fault_injection_reaches_the_trainer_only_when_the_spec_enables_it() -> None:
+    plain = env_of(trainer_pod(p5_job(), node_index=0, attempt=0, settings=SETTINGS))
+    assert "RTJ_FAULT_INJECTION" not in plain
+    armed = p5_job(faultTolerance={"faultInjection": "Enabled"},
+                   env=[{"name": "TRAINER_FAULTS", "value": "10:1:sigkill"}])
+    env = env_of(trainer_pod(armed, node_index=0, attempt=0, settings=SETTINGS))
+    assert env["RTJ_FAULT_INJECTION"] == "1" and env["TRAINER_FAULTS"] == "10:1:sigkill"
+    with pytest.raises(ValueError, match="TRAINER_FAULTS needs faultTolerance.faultInjection"):
+        p5_job(env=[{"name": "TRAINER_FAULTS", "value": "10:1:sigkill"}])

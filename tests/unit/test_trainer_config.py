@@ -22,7 +22,8 @@ def test_layers_apply_preset_then_file_then_environment_then_set(tmp_path: Path)
         "preset: tiny\ntrain:\n  steps: 11\ncheckpoint:\n  keep: 4\n  interval_steps: 3\n"
     )
     env = {"RTJ_CHECKPOINT_DIR": "/ckpt", "RTJ_CHECKPOINT_INTERVAL_STEPS": "7",
-           "RTJ_INPROCESS_RESTART": "1", "TRAINER_FAULTS": "3:1:hang", "RTJ_METRICS_PORT": "9400"}
+           "RTJ_INPROCESS_RESTART": "1", "TRAINER_FAULTS": "3:1:hang", "RTJ_METRICS_PORT": "9400",
+           "RTJ_FAULT_INJECTION": "1"}
     cfg = build_config(preset=None, file=file, env=env, overrides=["checkpoint.interval_steps=9"])
     assert cfg.train.steps == 11 and cfg.checkpoint.keep == 4
     assert cfg.checkpoint.dir == "/ckpt"
@@ -68,3 +69,11 @@ def test_launch_environment_reads_launcher_variables() -> None:
                                  "FT_RANK_MONITOR_IPC_SOCKET": "/tmp/x.socket"})
     assert (launch.rank, launch.local_rank, launch.world_size) == (3, 1, 4)
     assert launch.launcher_restart_count == 2 and launch.under_rank_monitor
+
+
+def test_faults_fire_only_when_fault_injection_is_enabled() -> None:
+    with pytest.raises(ConfigError, match="fault injection is not enabled"):
+        build_config(env={"TRAINER_FAULTS": "3:1:hang"})
+    cfg = build_config(env={"TRAINER_FAULTS": "3:1:hang", "RTJ_FAULT_INJECTION": "1"})
+    assert [f.kind for f in cfg.fault_list] == ["hang"]
+    assert build_config(env={}).fault_list == ()

@@ -186,6 +186,9 @@ class Config(_Section):
     job: JobConfig = JobConfig()
     faults: str = ""
     """TRAINER_FAULTS: comma-separated STEP:RANK:KIND (see rtj_trainer.faults)."""
+    fault_injection: bool = False
+    """RTJ_FAULT_INJECTION: whether `faults` may fire. The operator sets it only for a job whose
+    spec asks for it (`faultTolerance.faultInjection: Enabled`); train-local.sh sets it."""
     _fault_list: tuple[Fault, ...] = PrivateAttr(default=())
 
     @model_validator(mode="after")
@@ -194,11 +197,15 @@ class Config(_Section):
             self._fault_list = parse_faults(self.faults)
         except FaultSpecError as exc:
             raise ValueError(f"faults: {exc}") from None
+        if self._fault_list and not self.fault_injection:
+            raise ValueError(
+                "faults: TRAINER_FAULTS is set but fault injection is not enabled "
+                "(RTJ_FAULT_INJECTION=1; in a job: faultTolerance.faultInjection: Enabled)")
         return self
 
     @property
     def fault_list(self) -> tuple[Fault, ...]:
-        """`faults`, parsed (once, when the config was validated)."""
+        """`faults`, parsed (once, when the config was validated); empty unless enabled."""
         return self._fault_list
 
     @property
@@ -264,6 +271,7 @@ _OPERATOR_ENV: dict[str, str] = {
     "RTJ_SPARE_NODES": "resiliency.spare_nodes",
     "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "resiliency.heartbeat_timeout_seconds",
     "TRAINER_FAULTS": "faults",
+    "RTJ_FAULT_INJECTION": "fault_injection",
     "RTJ_LOG_LEVEL": "train.log_level",
 }
 

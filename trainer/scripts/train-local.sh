@@ -28,6 +28,7 @@ else
 fi
 export RTJ_METRICS_HOST=${RTJ_METRICS_HOST:-127.0.0.1}
 export TRAINER_FAULTS=${TRAINER_FAULTS:-}
+export RTJ_FAULT_INJECTION=1   # a local run is the developer's own: faults may fire
 export PYTHONUNBUFFERED=1
 
 # The same ft_launcher settings as the operator's pods (operator/rtj_operator/ftflags.py); only

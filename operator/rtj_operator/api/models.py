@@ -493,6 +493,14 @@ class FaultTolerance(ApiModel):
         ge=0,
         le=64,
     )
+    fault_injection: Literal["Enabled", "Disabled"] = Field(
+        default="Disabled",
+        description=(
+            "`Enabled` arms the trainer's fault injector: the faults listed in the env variable "
+            "TRAINER_FAULTS fire (tests, demos, chaos drills) and the operator posts a "
+            "FaultInjectionArmed Event. `Disabled`: a job that sets TRAINER_FAULTS is refused."
+        ),
+    )
     launcher_max_restarts: int = Field(
         default=3,
         description=(
@@ -687,6 +695,13 @@ class ResilientTrainingJobSpec(ApiModel):
             _only_while_suspended_optional("resources"),
             _only_while_suspended_optional("podTemplate"),
             cel(
+                "!has(self.env) || !self.env.exists(e, e.name == 'TRAINER_FAULTS') || "
+                "(has(self.faultTolerance) && has(self.faultTolerance.faultInjection) && "
+                "self.faultTolerance.faultInjection == 'Enabled')",
+                "env TRAINER_FAULTS needs faultTolerance.faultInjection: Enabled",
+                field_path=".env",
+            ),
+            cel(
                 "!has(self.faultTolerance) || !has(oldSelf.faultTolerance) || "
                 "(has(self.faultTolerance.spares) ? self.faultTolerance.spares : 0) == "
                 "(has(oldSelf.faultTolerance.spares) ? oldSelf.faultTolerance.spares : 0) || "
@@ -809,6 +824,8 @@ class ResilientTrainingJobSpec(ApiModel):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"env: duplicate names {duplicates}")
+        if "TRAINER_FAULTS" in names and self.fault_tolerance.fault_injection != "Enabled":
+            raise ValueError("env TRAINER_FAULTS needs faultTolerance.faultInjection: Enabled")
         return self
 
 

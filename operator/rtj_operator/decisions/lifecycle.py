@@ -188,9 +188,12 @@ def create_missing(p: _Pass) -> None:
     )
     if not rendezvous_up:
         return
-    for index in range(p.pods):
-        if index in pods:
-            continue
+    missing = [i for i in range(p.pods) if i not in pods]
+    if missing and p.spec.fault_tolerance.fault_injection == "Enabled":
+        p.event("Warning", "FaultInjectionArmed",
+                "faultTolerance.faultInjection is Enabled: the faults in TRAINER_FAULTS will "
+                "fire in the trainers of the pods created now")
+    for index in missing:
         attempt = p.next_attempt(index)
         p.create(
             builders.trainer_pod(p.job, plan=p.plan, node_index=index, attempt=attempt,
