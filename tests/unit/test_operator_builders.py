@@ -237,5 +237,5 @@ def test_fault_injection_reaches_the_trainer_only_when_the_spec_enables_it() -> 
                    env=[{"name": "TRAINER_FAULTS", "value": "10:1:sigkill"}])
     env = env_of(trainer_pod(armed, node_index=0, attempt=0, settings=SETTINGS))
     assert env["RTJ_FAULT_INJECTION"] == "1" and env["TRAINER_FAULTS"] == "10:1:sigkill"
-    with pytest.raises(ValueError, match="TRAINER_FAULTS needs faultTolerance.faultInjection"):
+    with pytest.raises(ValueError, match=r"TRAINER_FAULTS needs faultTolerance\.faultInjection"):
         p5_job(env=[{"name": "TRAINER_FAULTS", "value": "10:1:sigkill"}])
