@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from checkpoint_helpers import save_checkpoint
 from rtj_trainer import checkpoint as ck
 
@@ -128,3 +129,37 @@ def test_pruning_hides_doomed_checkpoints_at_once_and_defers_the_slow_delete(
     assert [ck.step_of(p.name) for p in ck.committed_checkpoints(tmp_path)] == [15, 10]
     ck.prune(tmp_path, keep=2)  # a later prune finishes what a dead process left behind
     assert not handed_over[0].exists()
+
+
+def test_a_failed_shard_write_does_not_block_later_commits(tmp_path: Path) -> None:
+    # review T1: rank 1's step-10 write failed (an `.error` record instead of its record);
+    # steps 20 and 30 were written by both ranks. Step 10 is given up, 20 and 30 commit.
+    import time
+
+    from rtj_trainer.checkpoint.checkpointer import Checkpointer, _Pending
+    from rtj_trainer.config import CheckpointConfig
+
+    directories = {step: save_checkpoint(tmp_path, step, commit=False) for step in (10, 20, 30)}
+    record = directories[10] / ck.shard_record_name(1, 2)
+    record.unlink()
+    record.with_name(record.name + ".error").write_text("OSError('disk full')")
+
+    def checkpointer(rank: int) -> Checkpointer:
+        # interval 0: no NVRx writer process; the shards above are already written
+        made = Checkpointer(CheckpointConfig(dir=str(tmp_path), keep=10, interval_steps=0),
+                            root=tmp_path,
+                            rank=rank, world_size=2, device=torch.device("cpu"), identity="a0")
+        made._pending = [_Pending(step, directories[step], time.time(), 0.0)
+                         for step in (10, 20, 30)]
+        return made
+
+    leader = checkpointer(0)
+    stats = leader.poll()
+    assert stats.committed_step == 30 and stats.abandoned == 1
+    # Given up, then pruned with the other uncommitted directories once step 30 committed.
+    assert not directories[10].exists()
+    assert [d.name for d in ck.committed_checkpoints(tmp_path)] == [
+        directories[30].name, directories[20].name]
+    follower = checkpointer(1).poll()  # rank 1 skips the given-up step too
+    assert follower.committed_step == 30 and follower.abandoned == 1
+    leader.close(abort=True)

@@ -40,8 +40,11 @@ from .staging import (
     tensor_views,
 )
 from .store import (
+    ABANDONED,
     commit,
     committed_checkpoints,
+    failed_writes,
+    is_abandoned,
     newest_valid_checkpoint,
     prune,
     read_commit_log,
@@ -50,6 +53,7 @@ from .store import (
 from .writer import write_shard
 
 __all__ = [
+    "ABANDONED",
     "FORMAT_VERSION",
     "MANIFEST",
     "CheckpointError",
@@ -67,7 +71,9 @@ __all__ = [
     "commit",
     "committed_checkpoints",
     "digest_ranges",
+    "failed_writes",
     "flatten_state",
+    "is_abandoned",
     "newest_valid_checkpoint",
     "plan_layout",
     "prune",

@@ -45,9 +45,12 @@ from .format import (
 from .staging import HostStaging, flatten_state, plan_layout, stage_to_host
 from .store import (
     BackgroundDeleter,
+    abandon,
     append_commit_log,
     commit,
     committed_checkpoints,
+    failed_writes,
+    is_abandoned,
     prune,
     validation_problems,
     write_latest_committed_step,
@@ -81,6 +84,8 @@ class CheckpointStats:
     committed_step: int = -1
     committed_at: float = 0.0
     commits_this_attempt: int = 0
+    abandoned: int = 0
+    """Checkpoints given up because a rank's shard write failed (later ones still commit)."""
     newly_committed: list[int] = field(default_factory=list)
 
 
@@ -230,16 +235,31 @@ class Checkpointer:
                 manifest = commit(pending.directory, step=pending.step,
                                   world_size=self.world_size, identity=self.identity)
                 if manifest is None:
-                    break
-                self._after_commit(manifest, pending)
+                    # A rank whose write failed never leaves a record: give the step up, or it
+                    # would block every later commit (they commit in order).
+                    errors = failed_writes(pending.directory, world_size=self.world_size)
+                    if not errors:
+                        break
+                    abandon(pending.directory, "; ".join(errors))
+                    self._abandoned(pending, errors)
+                else:
+                    self._after_commit(manifest, pending)
             elif manifest_path.exists():
                 with contextlib.suppress(CheckpointError):
                     self._note_commit(read_manifest(pending.directory))
+            elif is_abandoned(pending.directory) or not pending.directory.exists():
+                # Given up by rank 0 (and maybe already pruned once a later step committed).
+                self._abandoned(pending, ["rank 0 gave this checkpoint up"])
             else:
                 break
             self.stats.last_write_seconds = time.time() - pending.started_at
             self._pending.pop(0)
         return self.stats
+
+    def _abandoned(self, pending: _Pending, errors: list[str]) -> None:
+        self.stats.abandoned += 1
+        log.warning("checkpoint of step %d will not be committed (a shard write failed: %s); "
+                    "later checkpoints still commit", pending.step, "; ".join(errors))
 
     def _note_commit(self, manifest: Manifest) -> None:
         self.stats.committed_step = manifest.step

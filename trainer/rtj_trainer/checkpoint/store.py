@@ -108,6 +108,30 @@ def newest_valid_checkpoint(
     return None, rejected
 
 
+ABANDONED = "abandoned"
+"""Written by rank 0 into a checkpoint directory whose shard write failed on some rank: it will
+never be committed, every rank skips it, and prune removes it like any uncommitted directory."""
+
+
+def failed_writes(ckpt_dir: Path, *, world_size: int) -> list[str]:
+    """The error records (`<record>.error`) that ranks left in `ckpt_dir` (writer.write_shard)."""
+    errors = []
+    for rank in range(world_size):
+        path = ckpt_dir / (shard_record_name(rank, world_size) + ".error")
+        if path.is_file():
+            errors.append(f"rank {rank}: {path.read_text(errors='replace')[:200]}")
+    return errors
+
+
+def abandon(ckpt_dir: Path, reason: str) -> None:
+    """Rank 0: mark a checkpoint that can never be committed, so later ones can be."""
+    write_json_atomic(ckpt_dir / ABANDONED, {"reason": reason[:2000], "at": time.time()})
+
+
+def is_abandoned(ckpt_dir: Path) -> bool:
+    return (ckpt_dir / ABANDONED).is_file()
+
+
 def commit(ckpt_dir: Path, *, step: int, world_size: int, identity: str) -> Manifest | None:
     """Rank 0: write the manifest if every rank's shard record is there; else None."""
     records = []
