@@ -15,7 +15,7 @@ from typing import Any
 import kubernetes.client
 
 from rtj_operator import naming
-from rtj_operator.views import ClaimView, Observed, PodView
+from rtj_operator.observed import ClaimView, Observed, PodView
 
 
 def _int_label(labels: Mapping[str, str], key: str) -> int | None:

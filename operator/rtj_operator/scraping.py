@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from rtj_operator.views import NodeLiveness, PodView, RankLiveness, RankSample
+from rtj_operator.observed import NodeLiveness, PodView, RankLiveness, RankSample
 
 METRIC_PREFIX = "rtj_trainer_"
 

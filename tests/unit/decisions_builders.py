@@ -17,9 +17,9 @@ from rtj_operator.api.models import parse_job, parse_status
 from rtj_operator.api.status import ResilientTrainingJobStatus
 from rtj_operator.config import OperatorSettings
 from rtj_operator.intents import CreateObject, DeletePod
+from rtj_operator.observed import ClaimView, NodeLiveness, Observed, PodView, RankSample
 from rtj_operator.podplan import plan_for
 from rtj_operator.reconcile import api_status
-from rtj_operator.views import ClaimView, NodeLiveness, Observed, PodView, RankSample
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 SETTINGS = OperatorSettings()

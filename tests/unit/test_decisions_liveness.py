@@ -11,7 +11,7 @@ import pytest
 from rtj_operator.api.status import IncidentCause, Reason
 from rtj_operator.decisions.liveness import completed_step, oldest_heartbeat
 from rtj_operator.intents import DeletePod
-from rtj_operator.views import NodeLiveness, RankSample
+from rtj_operator.observed import NodeLiveness, RankSample
 from unit.decisions_builders import (
     T0,
     beats,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from rtj_operator.intents import DeletePod
-from rtj_operator.views import NodeLiveness, Observed, RankSample
+from rtj_operator.observed import NodeLiveness, Observed, RankSample
 from unit.decisions_builders import T0, created, decide, job, rendezvous, trainer, world
 
 pytestmark = pytest.mark.unit

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from rtj_operator.observed import RankSample
 from rtj_operator.scraping import rank_sample_from_text
-from rtj_operator.views import RankSample
 
 pytestmark = pytest.mark.unit
 

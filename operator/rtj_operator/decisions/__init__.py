@@ -59,8 +59,8 @@ from rtj_operator.decisions import lifecycle, recovery, status
 from rtj_operator.decisions.liveness import find_faults, observe_ranks
 from rtj_operator.decisions.state import Decision, DetectedFault, Memory, _Pass
 from rtj_operator.decisions.status import OPERATOR_ACTIONS, invalid_spec
+from rtj_operator.observed import Observed, RankLiveness
 from rtj_operator.podplan import PodPlan
-from rtj_operator.views import Observed, RankLiveness
 
 __all__ = ["OPERATOR_ACTIONS", "Decision", "DetectedFault", "Memory", "decide", "invalid_spec"]
 

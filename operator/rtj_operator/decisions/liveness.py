@@ -8,7 +8,7 @@ step did not advance for `progressTimeoutSeconds` although every rank sends hear
 timeouts count from when every pod was last (re)started or the last recovery began.
 
 The whole hang policy lives here, including how one pod's ranks add up (`oldest_heartbeat`,
-`completed_step`: only a pod whose every local rank answered counts); `views.py` holds only what
+`completed_step`: only a pod whose every local rank answered counts); `observed.py` holds only what
 was scraped. What the operator does about a fault is `recovery.py`.
 """
 
@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from rtj_operator import naming
 from rtj_operator.api.status import IncidentCause, RankState
 from rtj_operator.decisions.state import DetectedFault, _Pass, from_unix, iso
-from rtj_operator.views import NodeLiveness
+from rtj_operator.observed import NodeLiveness
 
 
 def oldest_heartbeat(node: NodeLiveness) -> float | None:

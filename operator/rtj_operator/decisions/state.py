@@ -22,8 +22,8 @@ from rtj_operator.api.status import (
 )
 from rtj_operator.config import OperatorSettings
 from rtj_operator.intents import Action, CreateObject, DeletePod, Manifest, PostEvent
+from rtj_operator.observed import Observed, PodView, RankLiveness
 from rtj_operator.podplan import PodPlan
-from rtj_operator.views import Observed, PodView, RankLiveness
 
 
 @dataclass(frozen=True)
