@@ -126,6 +126,7 @@ def test_kubectl_get_rtj_shows_state_nodes_step_restarts_goodput_and_last_checkp
         "NODES",
         "STEP",
         "RESTARTS",
+        "SPARES",
         "GOODPUT",
         "LAST-CKPT",
         "AGE",

@@ -83,6 +83,7 @@ class Session:
             client = resiliency.client
             if client is not None and client.is_initialized:
                 client.send_heartbeat()
+                resiliency._sent_since_connect = True
         if self._call_wrapper is not None:
             self._call_wrapper.ping()
         self.last_heartbeat = time.time()
@@ -98,6 +99,7 @@ class Session:
             if client is not None and client.is_initialized:
                 client.start_section(name)
                 started = True
+                resiliency._sent_since_connect = True
         try:
             yield
         finally:
@@ -146,6 +148,8 @@ class Resiliency:
         self.launch = launch
         self.client: Any = None
         self._client_lock = threading.Lock()
+        self._sent_since_connect = True
+        """Whether the client sent a heartbeat or section message since it last (re)connected."""
         if launch.under_rank_monitor:
             from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
 
@@ -167,9 +171,16 @@ class Resiliency:
                 f"ranks leave no active rank in a world of {launch.world_size}")
 
     def pause_rank_monitor(self) -> None:
-        """Disconnect from the rank monitor (it stops timing this rank) until `resume`."""
+        """Disconnect from the rank monitor (it stops timing this rank) until `resume`.
+
+        NVRx's monitor treats a lost connection as "the rank is restarting" until the rank's next
+        heartbeat or section message, and a second lost connection before that as an aborted
+        rank for good (every later message is refused). So a rank that reconnected but has not
+        sent anything yet (a restart that failed again at once) stays connected: the monitor is
+        still in its restarting state and times nothing."""
         with self._client_lock:
-            if self.client is not None and self.client.is_initialized:
+            if (self.client is not None and self.client.is_initialized
+                    and self._sent_since_connect):
                 with contextlib.suppress(Exception):
                     self.client.shutdown_workload_monitoring()
 
@@ -178,6 +189,7 @@ class Resiliency:
         with self._client_lock:
             if self.client is not None and not self.client.is_initialized:
                 self.client.init_workload_monitoring()
+                self._sent_since_connect = False
 
     def run(self, train: Callable[[Session], T]) -> T:
         if not self.cfg.resiliency.inprocess_restart:

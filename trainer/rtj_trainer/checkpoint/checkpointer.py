@@ -334,7 +334,11 @@ class Checkpointer:
     def close(self, *, abort: bool = False) -> None:
         if self._queue is not None:
             if abort:
-                self._queue.close(abort=True)
+                # The in-process wrapper's abort (AbortPersistentCheckpointProcesses, another
+                # thread) may be closing the same NVRx worker right now; NVRx's close is not
+                # thread-safe (it can find the process gone halfway: AttributeError on None).
+                with contextlib.suppress(AttributeError):
+                    self._queue.close(abort=True)
             else:
                 self._wait_for_local_write()
                 self._queue.maybe_finalize_async_calls(blocking=True, no_dist=True)
