@@ -163,3 +163,46 @@ def test_a_failed_shard_write_does_not_block_later_commits(tmp_path: Path) -> No
     follower = checkpointer(1).poll()  # rank 1 skips the given-up step too
     assert follower.committed_step == 30 and follower.abandoned == 1
     leader.close(abort=True)
+
+
+def _commit_at(directory: Path, moment: float) -> None:
+    import os
+
+    os.utime(directory / ck.MANIFEST, (moment, moment))
+
+
+def test_pruning_after_a_world_size_change_keeps_the_new_runs_checkpoints(tmp_path: Path) -> None:
+    # review T2 (a): old checkpoints at higher steps (another world size), the new run commits
+    # step 100 and writes step 200. Recency is commit time, and in-flight saves of this attempt
+    # stay.
+    for n, step in enumerate((4800, 4900, 5000)):
+        _commit_at(save_checkpoint(tmp_path, step), 1000.0 + n)
+    new = tmp_path / ck.checkpoint_dir_name(100, "a1-l0-i0-9")
+    save_checkpoint(tmp_path, 100).rename(new)
+    _commit_at(new, 2000.0)
+    in_flight = tmp_path / ck.checkpoint_dir_name(200, "a1-l0-i0-9")
+    save_checkpoint(tmp_path, 200, commit=False).rename(in_flight)
+    ck.prune(tmp_path, keep=3, current_identity="a1-l0-i0-9")
+    kept = sorted(ck.step_of(p.name) or 0 for p in tmp_path.iterdir()
+                  if not p.name.startswith("."))
+    assert kept == [100, 200, 4900, 5000]
+
+
+def test_pruning_never_deletes_the_checkpoint_resumed_from_or_a_save_in_flight(
+    tmp_path: Path,
+) -> None:
+    # review T2 (b): committed 100, 200, 300 (300 is corrupt: the attempt fell back to 200),
+    # then this attempt committed 210 and is writing 220.
+    steps = {step: save_checkpoint(tmp_path, step) for step in (100, 200, 300)}
+    for n, step in enumerate((100, 200, 300)):
+        _commit_at(steps[step], 1000.0 + n)
+    ours = "a2-l0-i0-7"
+    committed = tmp_path / ck.checkpoint_dir_name(210, ours)
+    save_checkpoint(tmp_path, 210).rename(committed)
+    _commit_at(committed, 2000.0)
+    in_flight = tmp_path / ck.checkpoint_dir_name(220, ours)
+    save_checkpoint(tmp_path, 220, commit=False).rename(in_flight)
+    ck.prune(tmp_path, keep=2, protect=steps[200], current_identity=ours)
+    kept = sorted(ck.step_of(p.name) or 0 for p in tmp_path.iterdir()
+                  if not p.name.startswith("."))
+    assert kept == [200, 210, 220, 300]

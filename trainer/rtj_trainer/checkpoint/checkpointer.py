@@ -125,6 +125,8 @@ class Checkpointer:
         """Called while the step loop is blocked waiting on I/O (heartbeats keep flowing)."""
         self.stats = CheckpointStats()
         self._pending: list[_Pending] = []
+        self._resumed_from: Path | None = None
+        """The checkpoint this attempt loaded: prune never deletes it."""
         self._staging = HostStaging()
         self._deleter = BackgroundDeleter()
         self._queue: Any = None
@@ -284,7 +286,8 @@ class Checkpointer:
         }
         append_commit_log(self.root, line)
         write_latest_committed_step(self.root, manifest.step)
-        prune(self.root, keep=self.cfg.keep, delete=self._deleter)
+        prune(self.root, keep=self.cfg.keep, delete=self._deleter, protect=self._resumed_from,
+              current_identity=self.identity)
         if self.on_commit is not None:
             self.on_commit(manifest)
 
@@ -328,6 +331,7 @@ class Checkpointer:
                 continue
             manifest = read_manifest(directory)
             state = read_shard(directory / shard_file_name(self.rank, self.world_size))
+            self._resumed_from = directory
             return LoadedCheckpoint(directory, manifest, state, tuple(rejected))
         return None
 

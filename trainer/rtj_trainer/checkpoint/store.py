@@ -156,23 +156,47 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def prune(root: Path, *, keep: int, delete: Callable[[Path], object] = _remove_tree) -> list[Path]:
-    """Delete committed checkpoints beyond the newest `keep`, and abandoned uncommitted ones
-    (older than the newest committed). Returns what was deleted.
+def _identity_of(name: str) -> str:
+    return name.split(".", 1)[1] if "." in name else ""
+
+
+def prune(
+    root: Path,
+    *,
+    keep: int,
+    delete: Callable[[Path], object] = _remove_tree,
+    protect: Path | None = None,
+    current_identity: str | None = None,
+) -> list[Path]:
+    """Delete committed checkpoints beyond the `keep` most recently committed, and uncommitted
+    ones that can never be committed. Returns what was deleted.
+
+    - Recency is the manifest's commit time, not the step: after a fallback (a corrupt newest
+      checkpoint) or at a new world size, the checkpoints this run commits have lower steps than
+      older ones, and must not be the ones deleted.
+    - `protect` (the checkpoint this attempt resumed from) is never deleted.
+    - An uncommitted directory of `current_identity` (this attempt's, still being written by
+      some rank) is kept unless rank 0 gave it up (`abandoned`); one of another attempt (its
+      writers are gone) is deleted once a newer step is committed.
 
     Each doomed directory is first renamed to `.deleting-<name>` (instant; resume no longer sees
     it), then handed to `delete`, which may be slow (unlinking an 11 GB shard took ~4 s on an
     ext4 volume with `discard`), so the Checkpointer passes a background deleter. Leftover
     `.deleting-*` directories (a process died mid-delete) are handed to `delete` again."""
     committed = committed_checkpoints(root)
-    doomed = committed[keep:]
+    by_commit_time = sorted(
+        committed, key=lambda d: ((d / MANIFEST).stat().st_mtime, step_of(d.name) or 0),
+        reverse=True)
+    doomed = [d for d in by_commit_time[keep:] if protect is None or d != protect]
     leftovers = []
     if committed:
-        newest = step_of(committed[0].name) or 0
+        newest = max(step_of(d.name) or 0 for d in committed)
         for entry in root.iterdir():
             step = step_of(entry.name)
-            if step is not None and step <= newest and not (entry / MANIFEST).exists():
-                doomed.append(entry)
+            if step is not None and not (entry / MANIFEST).exists():
+                ours = current_identity is not None and _identity_of(entry.name) == current_identity
+                if is_abandoned(entry) or (not ours and step <= newest):
+                    doomed.append(entry)
             elif entry.name.startswith(_TRASH_PREFIX):
                 leftovers.append(entry)
     for entry in doomed:
