@@ -23,42 +23,48 @@ from rtj_operator.api import GROUP, PLURAL, VERSION
 RETRY_DELAY_SECONDS = 2.0
 
 
-def _create(core: kubernetes.client.CoreV1Api, namespace: str, manifest: dict[str, Any]) -> None:
+def _create(
+    core: kubernetes.client.CoreV1Api, namespace: str, manifest: dict[str, Any], timeout: float
+) -> None:
     kind = manifest["kind"]
     body: Any = manifest  # the client serialises plain dicts as they are
     if kind == "Pod":
-        core.create_namespaced_pod(namespace, body)
+        core.create_namespaced_pod(namespace, body, _request_timeout=timeout)
     elif kind == "Service":
-        core.create_namespaced_service(namespace, body)
+        core.create_namespaced_service(namespace, body, _request_timeout=timeout)
     elif kind == "PersistentVolumeClaim":
-        core.create_namespaced_persistent_volume_claim(namespace, body)
+        core.create_namespaced_persistent_volume_claim(namespace, body, _request_timeout=timeout)
     else:
         raise ValueError(f"cannot create a {kind}")
 
 
 def _apply_one(
-    api: kubernetes.client.ApiClient, namespace: str, job_name: str, action: intents.Action
+    api: kubernetes.client.ApiClient, namespace: str, job_name: str, action: intents.Action,
+    timeout: float,
 ) -> None:
     core = kubernetes.client.CoreV1Api(api)
     try:
         if isinstance(action, intents.CreateObject):
-            _create(core, namespace, action.manifest)
+            _create(core, namespace, action.manifest, timeout)
         elif isinstance(action, intents.DeletePod):
             core.delete_namespaced_pod(
                 action.name, namespace,
                 body=kubernetes.client.V1DeleteOptions(
                     preconditions=kubernetes.client.V1Preconditions(uid=action.uid)
                 ),
+                _request_timeout=timeout,
             )
         elif isinstance(action, intents.SetClaimOwner):
             owners = [action.owner] if action.owner is not None else None
             core.patch_namespaced_persistent_volume_claim(
-                action.name, namespace, {"metadata": {"ownerReferences": owners}}
+                action.name, namespace, {"metadata": {"ownerReferences": owners}},
+                _request_timeout=timeout,
             )
         elif isinstance(action, intents.DeleteJob):
             kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, job_name,
                 body=kubernetes.client.V1DeleteOptions(propagation_policy="Background"),
+                _request_timeout=timeout,
             )
     except ApiException as error:
         if error.status in (404, 409):
@@ -74,9 +80,10 @@ def _apply_all(
     namespace: str,
     job_name: str,
     actions: Sequence[intents.Action],
+    timeout: float,
 ) -> None:
     for action in actions:
-        _apply_one(api, namespace, job_name, action)
+        _apply_one(api, namespace, job_name, action, timeout)
 
 
 async def apply(
@@ -85,13 +92,16 @@ async def apply(
     namespace: str,
     job_name: str,
     actions: Sequence[intents.Action],
+    timeout: float,
 ) -> None:
-    """Apply the actions in order, in a worker thread (the client is synchronous)."""
-    await asyncio.to_thread(_apply_all, api, namespace, job_name, actions)
+    """Apply the actions in order, in a worker thread (the client is synchronous); `timeout`
+    bounds each API call."""
+    await asyncio.to_thread(_apply_all, api, namespace, job_name, actions, timeout)
 
 
 def _delete_children(
-    api: kubernetes.client.ApiClient, namespace: str, selector: str, keep_claims: bool
+    api: kubernetes.client.ApiClient, namespace: str, selector: str, keep_claims: bool,
+    timeout: float,
 ) -> None:
     core = kubernetes.client.CoreV1Api(api)
     lists: list[tuple[Any, Any]] = [
@@ -102,20 +112,21 @@ def _delete_children(
         lists.append((core.list_namespaced_persistent_volume_claim,
                       core.delete_namespaced_persistent_volume_claim))
     for list_call, delete_call in lists:
-        for item in list_call(namespace, label_selector=selector).items:
-            _ignore_gone(delete_call, item.metadata.name, namespace)
+        for item in list_call(namespace, label_selector=selector, _request_timeout=timeout).items:
+            _ignore_gone(delete_call, item.metadata.name, namespace, timeout)
 
 
-def _ignore_gone(call: Any, name: str, namespace: str) -> None:
+def _ignore_gone(call: Any, name: str, namespace: str, timeout: float) -> None:
     try:
-        call(name, namespace)
+        call(name, namespace, _request_timeout=timeout)
     except ApiException as error:
         if error.status != 404:
             raise
 
 
 async def delete_children(
-    api: kubernetes.client.ApiClient, *, namespace: str, selector: str, keep_claims: bool
+    api: kubernetes.client.ApiClient, *, namespace: str, selector: str, keep_claims: bool,
+    timeout: float,
 ) -> None:
     """Delete every child of a deleted job at once (the garbage collector would too, later)."""
-    await asyncio.to_thread(_delete_children, api, namespace, selector, keep_claims)
+    await asyncio.to_thread(_delete_children, api, namespace, selector, keep_claims, timeout)

@@ -39,6 +39,14 @@ class OperatorSettings:
     scrape_timeout_seconds: float = 1.0
     """Time limit of one HTTP GET of a trainer rank's /metrics endpoint, in seconds."""
 
+    api_request_timeout_seconds: float = 30.0
+    """Time limit of one Kubernetes API call: a half-open connection must not hold a job's pass
+    (and its lock) for ever."""
+
+    stuck_pass_seconds: float = 300.0
+    """The liveness probe fails once a reconcile pass has run this long (it is stuck), so the
+    kubelet restarts the operator."""
+
     trainer_metrics_port: int = 9400
     """Base port of the trainers' metrics (`RTJ_METRICS_PORT`); local rank r serves on base + r."""
 
@@ -102,7 +110,8 @@ def _coerce(raw: str, kind: type, variable: str) -> object:
 def _check_ranges(settings: OperatorSettings) -> None:
     """Reject values of the right type that still make no sense."""
     positive = ("reconcile_interval_seconds", "scrape_timeout_seconds",
-                "rendezvous_join_timeout_seconds")
+                "rendezvous_join_timeout_seconds", "api_request_timeout_seconds",
+                "stuck_pass_seconds")
     for name in positive:
         if getattr(settings, name) <= 0:
             raise ConfigurationError(f"{env_name(name)}={getattr(settings, name)}: must be > 0")

@@ -35,9 +35,17 @@ def _job_memo(memo: kopf.Memo) -> reconcile.JobMemo:
     return job_memo
 
 
+def stuck_passes(in_flight: dict[str, float], now: float, limit: float) -> list[str]:
+    """The jobs whose reconcile pass has run longer than `limit` seconds (monotonic clock)."""
+    return sorted(job for job, began in in_flight.items() if now - began > limit)
+
+
 async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> None:
     job_memo = _job_memo(memo)
+    key = f"{body.metadata.namespace}/{body.metadata.name}"
+    in_flight: dict[str, float] = memo["health"]["in_flight"]
     async with job_memo.lock:
+        in_flight[key] = time.monotonic()
         try:
             result = await reconcile.run_pass(
                 body=body, memo=job_memo, api=memo["api"], settings=SETTINGS
@@ -51,6 +59,8 @@ async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> Non
         except kopf.TemporaryError:
             metrics.RECONCILE_PASSES.labels(outcome="retry").inc()
             raise
+        finally:
+            in_flight.pop(key, None)
     metrics.RECONCILE_PASSES.labels(outcome="ok").inc()
     memo["health"]["last_pass_monotonic"] = time.monotonic()
     patch.status.update(result.status_patch)
@@ -85,7 +95,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         load_kubeconfig()
     memo["api"] = kubernetes.client.ApiClient()
     # A mutable record shared by every job's memo (kopf copies the memo per object, shallowly).
-    memo["health"] = {"last_pass_monotonic": time.monotonic()}
+    memo["health"] = {"last_pass_monotonic": time.monotonic(), "in_flight": {}}
     metrics.serve(SETTINGS.metrics_host, SETTINGS.metrics_port)
 
 
@@ -94,6 +104,18 @@ def seconds_since_last_pass(memo: kopf.Memo, **_: Any) -> float:
     """Liveness detail (`GET /healthz`): seconds since any job's last successful pass."""
     last: float = memo["health"]["last_pass_monotonic"]
     return round(time.monotonic() - last, 1)
+
+
+@kopf.on.probe(id="stuck_passes")
+def no_stuck_pass(memo: kopf.Memo, **_: Any) -> int:
+    """Liveness (`GET /healthz` fails): a pass running longer than RTJ_OPERATOR_STUCK_PASS_SECONDS
+    means the event loop or an API call is stuck; the kubelet then restarts the operator."""
+    stuck = stuck_passes(memo["health"]["in_flight"], time.monotonic(),
+                         SETTINGS.stuck_pass_seconds)
+    if stuck:
+        raise RuntimeError(f"reconcile passes stuck for over {SETTINGS.stuck_pass_seconds:g} s: "
+                           f"{', '.join(stuck)}")
+    return len(memo["health"]["in_flight"])
 
 
 @kopf.timer(*RESOURCE, id="reconcile", interval=SETTINGS.reconcile_interval_seconds)
@@ -124,5 +146,6 @@ async def cleanup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await actions.delete_children(
         memo["api"], namespace=body.metadata.namespace or "",
         selector=naming.job_selector(body.metadata.name or ""), keep_claims=keep_claims,
+        timeout=SETTINGS.api_request_timeout_seconds,
     )
     metrics.record_job_state(f"{body.metadata.namespace}/{body.metadata.name}", None)

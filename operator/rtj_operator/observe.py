@@ -113,21 +113,26 @@ def _as_json(api: kubernetes.client.ApiClient, items: Iterable[Any]) -> list[dic
 
 
 def _read_children(
-    api: kubernetes.client.ApiClient, namespace: str, job_name: str
+    api: kubernetes.client.ApiClient, namespace: str, job_name: str, timeout: float
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     core = kubernetes.client.CoreV1Api(api)
     selector = naming.job_selector(job_name)
-    pods = core.list_namespaced_pod(namespace, label_selector=selector).items
-    services = core.list_namespaced_service(namespace, label_selector=selector).items
-    claims = core.list_namespaced_persistent_volume_claim(namespace, label_selector=selector).items
+    pods = core.list_namespaced_pod(namespace, label_selector=selector,
+                                    _request_timeout=timeout).items
+    services = core.list_namespaced_service(namespace, label_selector=selector,
+                                            _request_timeout=timeout).items
+    claims = core.list_namespaced_persistent_volume_claim(namespace, label_selector=selector,
+                                                          _request_timeout=timeout).items
     return _as_json(api, pods), _as_json(api, services), _as_json(api, claims)
 
 
 async def observe(
-    api: kubernetes.client.ApiClient, *, namespace: str, job_name: str, job_uid: str
+    api: kubernetes.client.ApiClient, *, namespace: str, job_name: str, job_uid: str,
+    timeout: float,
 ) -> Observed:
-    """Read the job's children now."""
-    pods, services, claims = await asyncio.to_thread(_read_children, api, namespace, job_name)
+    """Read the job's children now (each API call bounded by `timeout` seconds)."""
+    pods, services, claims = await asyncio.to_thread(
+        _read_children, api, namespace, job_name, timeout)
     return observed_from(
         job_name=job_name, job_uid=job_uid, pods=pods, services=services, claims=claims
     )

@@ -94,7 +94,8 @@ async def run_pass(
     namespace = job.metadata.namespace or ""
     plan = plan_for(job, settings)
     observed = await observe.observe(
-        api, namespace=namespace, job_name=job.name, job_uid=job.metadata.uid or ""
+        api, namespace=namespace, job_name=job.name, job_uid=job.metadata.uid or "",
+        timeout=settings.api_request_timeout_seconds,
     )
     liveness = await scraping.scrape(
         observed.trainer_pods.values(),
@@ -107,7 +108,8 @@ async def run_pass(
         memory=memo.memory,
         settings=settings,
     )
-    await actions.apply(api, namespace=namespace, job_name=job.name, actions=decision.actions)
+    await actions.apply(api, namespace=namespace, job_name=job.name, actions=decision.actions,
+                        timeout=settings.api_request_timeout_seconds)
     memo.memory = decision.memory
     for applied in [*decision.actions, *decision.events]:
         metrics.ACTIONS.labels(action=type(applied).__name__).inc()  # PostEvent counted too

@@ -64,3 +64,14 @@ def test_the_operator_exits_with_a_clear_error_on_bad_settings(
     finally:
         settings_from_environment.cache_clear()
     assert "RTJ_OPERATOR_METRICS_PORT='eighty': expected an integer" in capsys.readouterr().err
+
+
+def test_api_calls_are_bounded_and_a_stuck_pass_fails_liveness() -> None:
+    from rtj_operator.handlers import stuck_passes
+
+    settings = load_settings({"RTJ_OPERATOR_API_REQUEST_TIMEOUT_SECONDS": "12",
+                              "RTJ_OPERATOR_STUCK_PASS_SECONDS": "60"})
+    assert (settings.api_request_timeout_seconds, settings.stuck_pass_seconds) == (12.0, 60.0)
+    in_flight = {"ns/a": 100.0, "ns/b": 150.0}
+    assert stuck_passes(in_flight, now=170.0, limit=60.0) == ["ns/a"]
+    assert stuck_passes(in_flight, now=159.0, limit=60.0) == []
