@@ -157,3 +157,21 @@ def test_a_node_is_known_only_when_every_rank_answered() -> None:
     assert oldest_heartbeat(full) == 10.0
     half = NodeLiveness(node_index=0, pod_uid="u", samples=(one,), expected_ranks=2)
     assert oldest_heartbeat(half) is None and completed_step(half) is None
+
+
+def test_the_progress_clock_survives_an_operator_restart() -> None:
+    # review C8: progressTimeoutSeconds=120, the step frozen at 10, and the operator restarted
+    # (fresh memory) every 100 s: the clock lives in the status, so the stall is still found.
+    observed = running_world()
+    status: dict[str, object] | None = None
+    found = None
+    for n in range(5):
+        now = T0 + timedelta(seconds=100 * n)
+        d = decide(job(status), observed, now=now, liveness=beats(now, step=10))
+        incidents = d.status.get("incidents") or []
+        if incidents:
+            found = incidents[-1]
+            break
+        status = {k: v for k, v in d.status.items() if v is not None}
+    assert found is not None and found["cause"] == "ProgressTimeout"
+    assert status is not None and status["progressClock"]["step"] == 10  # type: ignore[index]

@@ -229,6 +229,14 @@ class RestartRecords(ApiModel):
         max_length=MAX_RESTART_RECORDS)
 
 
+class ProgressClock(ApiModel):
+    """The step the job's progress timeout counts from, and since when (kept in the status so
+    an operator restart does not reset the clock)."""
+
+    step: int = Field(description="Slowest step of the job when the clock started.", ge=0)
+    since: Timestamp = Field(description="When that step was first seen.")
+
+
 class SpareStatus(ApiModel):
     """The job's warm spares (`spec.faultTolerance.spares`)."""
 
@@ -302,6 +310,10 @@ class ResilientTrainingJobStatus(ApiModel):
         default=None, description="The newest committed checkpoint."
     )
     restarts: RestartCounts | None = Field(default=None, description="Restarts by kind.")
+    progress_clock: ProgressClock | None = Field(
+        default=None,
+        description="Where the progress timeout (`progressTimeoutSeconds`) counts from.",
+    )
     restart_records: RestartRecords | None = Field(
         default=None,
         description="When the operator's restarts of each kind happened (what budgets count).",

@@ -136,6 +136,9 @@ class _Pass:
         self.rendezvous_being_created = False
         self.progress_step = memory.progress_step
         self.progress_since = memory.progress_since
+        clock = self.prev.progress_clock
+        if self.progress_since is None and clock is not None:  # the operator restarted
+            self.progress_step, self.progress_since = clock.step, clock.since
         self.pods = plan.pods
         """Trainer pods: node indexes 0..pods-1 (`spec.nodes` plus the warm spares)."""
         self.waiting: set[int] = set(self.prev.spares.waiting) if self.prev.spares else set()

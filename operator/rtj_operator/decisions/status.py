@@ -19,6 +19,7 @@ from rtj_operator.api.status import (
     IncidentCause,
     JobState,
     LastCheckpoint,
+    ProgressClock,
     RankState,
     Reason,
     RecoveryAction,
@@ -222,6 +223,11 @@ def build(
         "incidents": _bounded(p.incidents),
         **_training_progress(p),
     }
+    if p.progress_step is not None and p.progress_since is not None:
+        fields["progress_clock"] = ProgressClock(step=p.progress_step,
+                                                 since=whole_second(p.progress_since))
+    elif p.prev.progress_clock is not None:
+        fields["progress_clock"] = None  # removed from the object (merge patch null)
     if any(p.records.values()) or p.prev.restart_records is not None:
         fields["restart_records"] = RestartRecords(
             rank=[whole_second(t) for t in p.records[RecoveryAction.RANK_RESTART]],
