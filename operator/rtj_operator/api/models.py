@@ -665,6 +665,32 @@ def _only_while_suspended_optional(field_name: str) -> dict[str, str]:
     )
 
 
+def _nested_only_while_suspended(parent: str, field_name: str) -> dict[str, str]:
+    """`parent.field_name` may change only while suspended (both may be absent: defaults)."""
+    def value(side: str) -> str:
+        return (f"(has({side}.{parent}) && has({side}.{parent}.{field_name}) ? "
+                f"string({side}.{parent}.{field_name}) : '')")
+    return cel(
+        f"{value('self')} == {value('oldSelf')} || oldSelf.suspend",
+        f"{parent}.{field_name} may change only while the job is suspended (the running pods "
+        "read it; pods created later would disagree with them)",
+        field_path=f".{parent}.{field_name}",
+    )
+
+
+POD_READ_SETTINGS = (
+    ("checkpoint", "intervalSteps"),
+    ("checkpoint", "mode"),
+    ("faultTolerance", "inProcessRestart"),
+    ("faultTolerance", "heartbeatTimeoutSeconds"),
+    ("faultTolerance", "initialHeartbeatTimeoutSeconds"),
+    ("faultTolerance", "faultInjection"),
+)
+"""Settings the trainers read at start: changing them while pods run would split the job (a
+replacement with another checkpoint mode or interval, or without in-process restart, would not
+match the running ranks' collectives). They change only while the job is suspended."""
+
+
 PROFILE_REQUIRED_MESSAGE = (
     "resources is required when instanceType has no built-in profile (built-in: "
     + ", ".join(profiles.BUILT_IN_PROFILES)
@@ -701,6 +727,7 @@ class ResilientTrainingJobSpec(ApiModel):
                 "env TRAINER_FAULTS needs faultTolerance.faultInjection: Enabled",
                 field_path=".env",
             ),
+            *(_nested_only_while_suspended(parent, name) for parent, name in POD_READ_SETTINGS),
             cel(
                 "!has(self.faultTolerance) || !has(oldSelf.faultTolerance) || "
                 "(has(self.faultTolerance.spares) ? self.faultTolerance.spares : 0) == "
