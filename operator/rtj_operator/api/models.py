@@ -665,11 +665,17 @@ def _only_while_suspended_optional(field_name: str) -> dict[str, str]:
     )
 
 
-def _nested_only_while_suspended(parent: str, field_name: str) -> dict[str, str]:
-    """`parent.field_name` may change only while suspended (both may be absent: defaults)."""
+def _nested_only_while_suspended(
+    parent: str, field_name: str, non_default: str | None = None
+) -> dict[str, str]:
+    """`parent.field_name` may change only while suspended. Integers are compared as they are
+    (absent reads as -1); an enum of two values is compared through its non-default value, since
+    comparing two strings of unbounded length costs too much in CEL's budget."""
     def value(side: str) -> str:
-        return (f"(has({side}.{parent}) && has({side}.{parent}.{field_name}) ? "
-                f"string({side}.{parent}.{field_name}) : '')")
+        present = f"has({side}.{parent}) && has({side}.{parent}.{field_name})"
+        if non_default is None:
+            return f"({present} ? {side}.{parent}.{field_name} : -1)"
+        return f"({present} && {side}.{parent}.{field_name} == '{non_default}')"
     return cel(
         f"{value('self')} == {value('oldSelf')} || oldSelf.suspend",
         f"{parent}.{field_name} may change only while the job is suspended (the running pods "
@@ -678,13 +684,13 @@ def _nested_only_while_suspended(parent: str, field_name: str) -> dict[str, str]
     )
 
 
-POD_READ_SETTINGS = (
-    ("checkpoint", "intervalSteps"),
-    ("checkpoint", "mode"),
-    ("faultTolerance", "inProcessRestart"),
-    ("faultTolerance", "heartbeatTimeoutSeconds"),
-    ("faultTolerance", "initialHeartbeatTimeoutSeconds"),
-    ("faultTolerance", "faultInjection"),
+POD_READ_SETTINGS: tuple[tuple[str, str, str | None], ...] = (
+    ("checkpoint", "intervalSteps", None),
+    ("checkpoint", "mode", "Sync"),
+    ("faultTolerance", "inProcessRestart", "Disabled"),
+    ("faultTolerance", "heartbeatTimeoutSeconds", None),
+    ("faultTolerance", "initialHeartbeatTimeoutSeconds", None),
+    ("faultTolerance", "faultInjection", "Enabled"),
 )
 """Settings the trainers read at start: changing them while pods run would split the job (a
 replacement with another checkpoint mode or interval, or without in-process restart, would not
@@ -727,7 +733,8 @@ class ResilientTrainingJobSpec(ApiModel):
                 "env TRAINER_FAULTS needs faultTolerance.faultInjection: Enabled",
                 field_path=".env",
             ),
-            *(_nested_only_while_suspended(parent, name) for parent, name in POD_READ_SETTINGS),
+            *(_nested_only_while_suspended(parent, name, other)
+              for parent, name, other in POD_READ_SETTINGS),
             cel(
                 "!has(self.faultTolerance) || !has(oldSelf.faultTolerance) || "
                 "(has(self.faultTolerance.spares) ? self.faultTolerance.spares : 0) == "
