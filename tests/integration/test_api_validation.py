@@ -136,10 +136,12 @@ def test_fault_tolerance_and_checkpoint_policy_change_while_the_job_runs(
     tuned = job_manifest(
         "tune-running",
         faultTolerance={"rankRestartBudget": {"max": 20}, "restartStrategy": "FullRestart"},
-        checkpoint={"storageClassName": "local-shared", "size": "1Gi", "intervalSteps": 50},
+        # keep, not intervalSteps: the interval is read by the running trainers and changes
+        # only while suspended (issue 11; tests/integration/invalid/update-checkpoint-*.yaml).
+        checkpoint={"storageClassName": "local-shared", "size": "1Gi", "keep": 5},
         activeDeadlineSeconds=3600,
     )
     apply(cluster, api_namespace, tuned)
     spec = get_job(cluster, api_namespace, "tune-running")["spec"]
     assert spec["faultTolerance"]["rankRestartBudget"] == {"max": 20, "windowSeconds": 3600}
-    assert spec["checkpoint"]["intervalSteps"] == 50
+    assert spec["checkpoint"]["keep"] == 5
