@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from harness.cluster import Cluster
+from harness.procs import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -64,16 +65,6 @@ def pod_manifest(
 
 def create_pod(cluster: Cluster, namespace: str, manifest: JsonObject) -> JsonObject:
     return cluster.api.create(f"/api/v1/namespaces/{namespace}/pods", manifest)
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
 
 
 def wait_for_pgid(cluster: Cluster, namespace: str, name: str) -> int:

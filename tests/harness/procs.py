@@ -18,11 +18,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TypeVar
 
 _PR_SET_PDEATHSIG = 1
 _registry: dict[int, ManagedProcess] = {}
 _registry_lock = threading.Lock()
 _handlers_installed = False
+
+
+T = TypeVar("T")
 
 
 def _die_with_parent(sig: int) -> Callable[[], None]:
@@ -131,6 +135,17 @@ def _install_exit_handlers() -> None:
         for signum in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(signum) in (signal.SIG_DFL, None):
                 signal.signal(signum, _on_signal)
+
+
+def wait_for(condition: Callable[[], T | None], timeout: float, what: str) -> T:
+    """Poll `condition` every 0.1 s until it returns something truthy, and return that."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
 
 
 def wait_until(

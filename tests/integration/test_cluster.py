@@ -6,23 +6,11 @@ process-backed nodes are in tests/e2e/test_cluster_faults.py.
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 import pytest
 from harness.cluster import Cluster, node_is_ready
+from harness.procs import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_nodes_look_like_p5_48xlarge_and_are_ready(cluster: Cluster) -> None:

@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 from rtj_operator.api import models
 from rtj_operator.podplan import resolve_profile
+from unit.manifests import job
 
 pytestmark = pytest.mark.unit
 
@@ -27,21 +28,6 @@ def parse_spec(spec: Mapping[str, Any]) -> models.ResilientTrainingJobSpec:
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
-
-
-def job(**spec: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "nodes": 2,
-        "image": "rtj-trainer:dev",
-        "checkpoint": {"claimName": "fsx"},
-    }
-    base.update(spec)
-    return {
-        "apiVersion": "training.resilient.dev/v1alpha1",
-        "kind": "ResilientTrainingJob",
-        "metadata": {"name": "demo", "namespace": "default", "uid": "1234", "generation": 3},
-        "spec": base,
-    }
 
 
 def error_text(body: dict[str, Any]) -> str:

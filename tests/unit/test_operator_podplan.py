@@ -3,29 +3,13 @@ spec, its instance profile and the operator settings."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from rtj_operator.api import models
 from rtj_operator.config import OperatorSettings
 from rtj_operator.podplan import plan_for, resolve_profile
+from unit.manifests import job
 
 pytestmark = pytest.mark.unit
-
-
-def job(**spec: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "nodes": 2,
-        "image": "rtj-trainer:dev",
-        "checkpoint": {"claimName": "fsx"},
-    }
-    base.update(spec)
-    return {
-        "apiVersion": "training.resilient.dev/v1alpha1",
-        "kind": "ResilientTrainingJob",
-        "metadata": {"name": "demo", "namespace": "default", "uid": "1234", "generation": 3},
-        "spec": base,
-    }
 
 
 def test_the_p5_profile_reserves_the_whole_instance() -> None:
