@@ -1,7 +1,7 @@
 """The backend of the fault-injection control API (`harness.controlapi`, client `harness.control`).
 
 Signals, freezes and kills act on every process group of a pod; they run on the reconcile thread
-like everything else.
+like everything else. A node can also be made to refuse new pods with a kubelet waiting reason.
 """
 
 from __future__ import annotations
