@@ -295,3 +295,12 @@ def test_other_refusal_reasons_are_reported_as_they_are() -> None:
         'secret "creds" not found',
         None,
     )
+
+
+def test_the_node_monitor_grace_period_allows_several_missed_lease_renewals() -> None:
+    from harness.controlplane import NODE_MONITOR_GRACE_SECONDS, NODE_MONITOR_PERIOD_SECONDS
+    from harness.kubelet.nodes import LEASE_RENEW_SECONDS
+
+    # A real cluster allows 5 (50 s grace, renewal every 10 s); fewer would flap busy nodes.
+    assert NODE_MONITOR_GRACE_SECONDS >= 5 * LEASE_RENEW_SECONDS
+    assert NODE_MONITOR_PERIOD_SECONDS < NODE_MONITOR_GRACE_SECONDS
