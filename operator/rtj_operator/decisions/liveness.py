@@ -12,9 +12,11 @@ rank sends heartbeats.
 
 The heartbeat timeout counts per pod (`_pod_clock`): from the latest of the pod's own start, the
 start of every other training pod that runs, the rendezvous pod's start and the last recovery;
-so a pod that is Pending, Terminating or being replaced does not switch hang detection off for
-the others. The job-wide progress timeout (`_clock_start`) still needs every active pod and the
-rendezvous pod Running: the slowest step means nothing while a pod is missing.
+so a pod that is Terminating, being replaced or on a lost node does not switch hang detection off
+for the others. Only a pod still Pending within `podStartTimeoutSeconds` holds the others'
+heartbeat timeouts (their launchers wait for it in the rendezvous), and that deadline bounds the
+wait (`_starting_peer`). The job-wide progress timeout (`_clock_start`) still needs every active
+pod and the rendezvous pod Running: the slowest step means nothing while a pod is missing.
 
 The whole hang policy lives here, including how one pod's ranks add up (`oldest_heartbeat`,
 `completed_step`: only a pod whose every local rank answered counts); `observed.py` holds only what
@@ -115,6 +117,21 @@ def _pod_clock(p: _Pass, index: int) -> datetime | None:
     acted = [i.acted_time for i in p.incidents if i.acted_time is not None]
     moments = starts + acted
     return max(moments) if moments else None
+
+
+def _starting_peer(p: _Pass) -> int | None:
+    """An active pod that is Pending within podStartTimeoutSeconds of its creation, if any.
+    Every launcher waits for it in the rendezvous, so the others send no heartbeats meanwhile:
+    their heartbeat timeouts wait, for at most podStartTimeoutSeconds (then the Pending pod is
+    a `PodStartTimeout` fault). A pod Terminating or on a lost node holds no clock."""
+    timeout = timedelta(seconds=p.spec.fault_tolerance.pod_start_timeout_seconds)
+    for index in p.active():
+        pod = p.observed.trainer_pods.get(index)
+        if (pod is not None and pod.phase == "Pending" and not pod.deleting
+                and pod.uid not in p.lost
+                and (pod.created_at is None or p.now - pod.created_at <= timeout)):
+            return index
+    return None
 
 
 def _clock_start(p: _Pass) -> datetime | None:
@@ -290,9 +307,10 @@ def _liveness_faults(p: _Pass) -> list[DetectedFault]:
         seconds=ft.heartbeat_timeout_seconds + ft.initial_heartbeat_timeout_seconds
     )
     faults: list[DetectedFault] = []
+    starting = _starting_peer(p)
     for index in p.active():
         clock = _pod_clock(p, index)
-        if clock is None:
+        if clock is None or (starting is not None and starting != index):
             continue
         beat = p.ranks[index].last_heartbeat_time
         evidence = beat if beat is not None and beat >= clock else clock
