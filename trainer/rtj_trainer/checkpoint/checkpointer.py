@@ -144,7 +144,7 @@ class Checkpointer:
         self._pending: list[_Pending] = []
         self._resumed_from: Path | None = None
         """The checkpoint this attempt loaded: prune never deletes it."""
-        self._staging = HostStaging()
+        self._staging = HostStaging.for_process()
         self._deleter = BackgroundDeleter()
         self._queue: Any = None
         self._local: Path | None = None
@@ -417,6 +417,8 @@ class Checkpointer:
                 self._queue.maybe_finalize_async_calls(blocking=True, no_dist=True)
                 self._queue.close()
             self._queue = None
-        self._staging.release()
         if not abort:
+            # An aborted attempt (in-process restart) leaves the buffer to the next attempt:
+            # unpinning and re-allocating GBs cost seconds on the restart's critical path.
+            self._staging.release()
             self._deleter.drain()

@@ -112,6 +112,16 @@ class HostStaging:
                     log.warning("cudaHostRegister failed (%s): staging copies are pageable", result)
         return self.buffer
 
+    _kept: HostStaging | None = None
+
+    @classmethod
+    def for_process(cls) -> HostStaging:
+        """The process's one staging buffer: an in-process restart finds the buffer (allocated
+        and page-locked, seconds for GBs) of the attempt before it instead of allocating anew."""
+        if cls._kept is None:
+            cls._kept = cls()
+        return cls._kept
+
     def release(self) -> None:
         if self.buffer is not None and self._registered:
             torch.cuda.cudart().cudaHostUnregister(  # type: ignore[no-untyped-call]
