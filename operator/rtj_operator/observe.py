@@ -14,7 +14,7 @@ from typing import Any
 
 import kubernetes.client
 
-from rtj_operator import naming
+from rtj_operator import naming, termination
 from rtj_operator.observed import ClaimView, Observed, PodView
 
 
@@ -51,6 +51,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     state = _container_status(pod, container).get("state") or {}
     terminated = state.get("terminated") or {}
     running = state.get("running") or {}
+    outcome, problem = termination.parse(terminated.get("message"))
     return PodView(
         name=meta.get("name", ""),
         uid=meta.get("uid", ""),
@@ -66,6 +67,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         finished_at=_time(terminated.get("finishedAt")),
         node_name=(pod.get("spec") or {}).get("nodeName"),
         pod_ip=status.get("podIP"),
+        outcome=outcome,
+        outcome_problem=problem,
     )
 
 

@@ -49,6 +49,9 @@ class ConditionType(StrEnum):
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    CHECKPOINT_STALE = "CheckpointStale"
+    """The job's step is more than `checkpoint.staleAfterIntervals` x `intervalSteps` past the
+    newest committed checkpoint."""
 
 
 class RankState(StrEnum):
@@ -104,9 +107,13 @@ class Reason(StrEnum):
     COMPLETED = "Completed"
     DEADLINE = "DeadlineExceeded"
     NON_RETRYABLE = "NonRetryableExitCode"
+    TRAINER_FATAL = "TrainerFatalError"
+    """A trainer reported an error that restarting cannot fix (its termination message)."""
     BUDGET = "RestartBudgetExceeded"
     PARTIAL = "PartialCompletion"
     INVALID = "InvalidSpec"
+    CHECKPOINT_STALE = "CheckpointStale"
+    CHECKPOINT_CURRENT = "CheckpointCurrent"
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -147,7 +154,9 @@ class Condition(ApiModel):
     type: ConditionTypeField = Field(
         description=(
             "`Ready` (summary: the job is training or finished well), `Running`, `Recovering`, "
-            "`Suspended`, `Succeeded`, `Failed`."
+            "`Suspended`, `Succeeded`, `Failed`, `CheckpointStale` (the step is more than "
+            "`checkpoint.staleAfterIntervals` x `intervalSteps` past the newest committed "
+            "checkpoint)."
         )
     )
     status: ConditionStatus = Field(description="`True`, `False`, `Unknown`.")
