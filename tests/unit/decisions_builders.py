@@ -20,6 +20,7 @@ from rtj_operator.intents import CreateObject, DeletePod
 from rtj_operator.observed import ClaimView, NodeLiveness, Observed, PodView, RankSample
 from rtj_operator.podplan import plan_for
 from rtj_operator.reconcile import api_status
+from rtj_operator.termination import TrainerOutcome
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 SETTINGS = OperatorSettings()
@@ -75,8 +76,10 @@ def job(status: dict[str, Any] | None = None, **spec: Any) -> Any:
 
 
 def trainer(index: int, phase: str = "Running", *, attempt: int = 0, exit_code: int | None = None,
-            deleting: bool = False, started: datetime = T0) -> PodView:
+            deleting: bool = False, started: datetime = T0,
+            outcome: TrainerOutcome | None = None) -> PodView:
     return PodView(
+        outcome=outcome,
         name=f"{NAME}-{index}", uid=f"uid-{index}-{attempt}", role="trainer", node_index=index,
         attempt=attempt, phase=phase, deleting=deleting, exit_code=exit_code,
         started_at=started if phase != "Pending" else None,
