@@ -138,10 +138,12 @@ def test_fault_tolerance_and_checkpoint_policy_change_while_the_job_runs(
         faultTolerance={"rankRestartBudget": {"max": 20}, "restartStrategy": "FullRestart"},
         # keep, not intervalSteps: the interval is read by the running trainers and changes
         # only while suspended (issue 11; tests/integration/invalid/update-checkpoint-*.yaml).
-        checkpoint={"storageClassName": "local-shared", "size": "1Gi", "keep": 5},
+        checkpoint={"storageClassName": "local-shared", "size": "1Gi", "keep": 5,
+                    "staleAfterIntervals": 6},
         activeDeadlineSeconds=3600,
     )
     apply(cluster, api_namespace, tuned)
     spec = get_job(cluster, api_namespace, "tune-running")["spec"]
     assert spec["faultTolerance"]["rankRestartBudget"] == {"max": 20, "windowSeconds": 3600}
     assert spec["checkpoint"]["keep"] == 5
+    assert spec["checkpoint"]["staleAfterIntervals"] == 6
