@@ -13,11 +13,15 @@ Where each timestamp comes from:
   (`a0-l1-i0-<unix ms mod 1e8>`, taken right after `init_process_group`);
 - resume done: the arrival of rank 0's `resumed from ... (step N)` line (printed after the
   checkpoint is verified and loaded);
-- a step completed: the `time` field of rank 0's record in `losses.jsonl`.
+- a step completed: the `time` field of rank 0's record in `losses.jsonl`;
+- the exact split of a worker's start and set-up: every rank's `timeline {...}` line (absolute
+  times it passed process start, imports, process group, checkpoint chosen, model built, state
+  loaded, first step; rtj_trainer.timeline), shown per recovery as seconds after the fault.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -36,6 +40,7 @@ _LAUNCHER_EVENT = re.compile(
 )
 _RESUMED = re.compile(r"\[rtj-trainer\] resumed from (\S+) \(step (\d+)\)")
 _IDENTITY_CLOCK = re.compile(r"-(\d+)$")
+_TIMELINE = re.compile(r"\[rtj-trainer rank (\d+)\] timeline (\{.*\})")
 _INPROCESS_DETECTED = re.compile(r"rank=\d+ fn_ex:|RankShouldRestart")
 
 
@@ -90,6 +95,31 @@ def parse_resumes(lines: Sequence[StampedLine]) -> list[Resume]:
         if match:
             resumes.append(Resume(line.at, match.group(1), int(match.group(2))))
     return resumes
+
+
+def parse_timelines(lines: Sequence[StampedLine]) -> list[tuple[int, dict[str, float]]]:
+    """Every `[rtj-trainer rank N] timeline {...}` line: (rank, mark -> Unix time)."""
+    found = []
+    for line in lines:
+        match = _TIMELINE.search(line.text)
+        if match:
+            with contextlib.suppress(json.JSONDecodeError, TypeError, ValueError):
+                marks = {str(k): float(v) for k, v in json.loads(match.group(2)).items()}
+                found.append((int(match.group(1)), marks))
+    return found
+
+
+def timelines_after(timelines: Sequence[tuple[int, dict[str, float]]], after: float,
+                    ) -> dict[str, dict[str, float]]:
+    """Per rank, the first attempt's marks that began after `after`, as seconds after it (marks
+    from before it, e.g. a surviving process's start, are left out)."""
+    result: dict[str, dict[str, float]] = {}
+    for rank, marks in sorted(timelines, key=lambda item: item[1].get("attempt", 0.0)):
+        if str(rank) in result or marks.get("attempt", 0.0) <= after:
+            continue
+        result[str(rank)] = {name: round(at - after, 3) for name, at in marks.items()
+                             if at > after}
+    return result
 
 
 def parse_inprocess_detections(lines: Sequence[StampedLine]) -> list[float]:
@@ -190,6 +220,8 @@ class Recovery:
     back_to_fault_step_seconds: float | None = None
     """fault fired -> the faulted step completed (includes recomputing steps since the ckpt)."""
     resumed_from_step: int | None = None
+    timelines: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per rank of the next attempt, its `timeline` marks as seconds after the fault (exact)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -198,6 +230,7 @@ class Recovery:
             "total_seconds": self.total_seconds,
             "back_to_fault_step_seconds": self.back_to_fault_step_seconds,
             "resumed_from_step": self.resumed_from_step,
+            "timelines": self.timelines,
         }
 
 
@@ -214,6 +247,7 @@ def analyse_recovery(
     inprocess_detections: Sequence[float],
     resumes: Sequence[Resume],
     records: Sequence[StepRecord],
+    timelines: Sequence[tuple[int, dict[str, float]]] = (),
 ) -> Recovery:
     """Split the recovery from one fault into phases using whatever milestones the logs hold."""
     step_match = re.match(r"step(\d+)-", fault)
@@ -256,6 +290,7 @@ def analyse_recovery(
             recovery.back_to_fault_step_seconds = round(min(done) - fault_at, 3)
     if resume is not None:
         recovery.resumed_from_step = resume.step
+    recovery.timelines = timelines_after(timelines, fault_at)
     return recovery
 
 
@@ -278,6 +313,7 @@ class LocalRun:
     events: list[LauncherEvent]
     resumes: list[Resume]
     inprocess_detections: list[float]
+    timelines: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     trainer_source: str = ""
     """Fingerprint of the trainer's sources at the start of the run."""
     trainer_source_changed: bool = False
@@ -287,7 +323,8 @@ class LocalRun:
         return [
             analyse_recovery(name, at, events=self.events,
                              inprocess_detections=self.inprocess_detections,
-                             resumes=self.resumes, records=self.records)
+                             resumes=self.resumes, records=self.records,
+                             timelines=self.timelines)
             for name, at in sorted(self.fault_times.items(), key=lambda item: item[1])
         ]
 
@@ -307,6 +344,7 @@ class LocalRun:
             "launch_to_summary_seconds": (round(self.summary_at - self.started_at, 3)
                                           if self.summary_at else None),
             "cold_start_seconds": self.cold_start_seconds(),
+            "cold_start_timelines": timelines_after(self.timelines, self.started_at),
             "summary": self.summary,
             "recoveries": [r.as_dict() for r in self.recoveries()],
             "attempts": [a.identity for a in group_attempts(self.records)],
@@ -373,6 +411,7 @@ def run_local_trainer(
         events=parse_launcher_events(lines),
         resumes=parse_resumes(lines),
         inprocess_detections=parse_inprocess_detections(lines),
+        timelines=parse_timelines(lines),
         trainer_source=source_before,
         trainer_source_changed=source_fingerprint(*TRAINER_SOURCES) != source_before,
     )

@@ -50,7 +50,8 @@ def _apply_one(
             core.delete_namespaced_pod(
                 action.name, namespace,
                 body=kubernetes.client.V1DeleteOptions(
-                    preconditions=kubernetes.client.V1Preconditions(uid=action.uid)
+                    preconditions=kubernetes.client.V1Preconditions(uid=action.uid),
+                    grace_period_seconds=0 if action.force else None,
                 ),
                 _request_timeout=timeout,
             )

@@ -11,6 +11,9 @@ the instance profile themselves.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
+
 from rtj_operator import launcher, naming, profiles
 from rtj_operator.api import API_VERSION, KIND
 from rtj_operator.api.models import ResilientTrainingJob
@@ -179,6 +182,30 @@ def trainer_env(
     return [*downward, *_value_env(contract), *platform_env, *user]
 
 
+AVOID_NODES_WEIGHT = 100
+"""Weight of the preferred node anti-affinity against excluded nodes (the most a term may
+have): the scheduler's NodeAffinity score then favours every other node that fits."""
+
+
+def avoiding(affinity: Manifest | None, nodes: Sequence[str]) -> Manifest | None:
+    """`affinity` (the podTemplate's, left unchanged) plus a PREFERRED node anti-affinity
+    against `nodes`: a pod lands elsewhere unless no other node fits. The term matches the
+    node's name (`matchFields metadata.name`), not a label that may differ from it."""
+    if not nodes:
+        return affinity
+    merged: Manifest = copy.deepcopy(affinity) if affinity else {}
+    node_affinity: Manifest = dict(merged.get("nodeAffinity") or {})
+    preferred = list(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or [])
+    preferred.append({
+        "weight": AVOID_NODES_WEIGHT,
+        "preference": {"matchFields": [
+            {"key": "metadata.name", "operator": "NotIn", "values": sorted(set(nodes))}]},
+    })
+    node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
+    merged["nodeAffinity"] = node_affinity
+    return merged
+
+
 def trainer_pod(
     job: ResilientTrainingJob,
     *,
@@ -186,8 +213,10 @@ def trainer_pod(
     node_index: int,
     attempt: int,
     settings: OperatorSettings,
+    avoid_nodes: Sequence[str] = (),
 ) -> Manifest:
-    """Trainer pod `<job>-<i>`: one ft_launcher that runs procsPerNode workers."""
+    """Trainer pod `<job>-<i>`: one ft_launcher that runs procsPerNode workers; it prefers any
+    node but `avoid_nodes` (the job's excluded nodes, see `avoiding`)."""
     spec = job.spec
     resolved = plan.resources
     name = naming.trainer_pod_name(job.name, node_index)
@@ -264,6 +293,9 @@ def trainer_pod(
         "volumes": volumes,
         **_scheduling(job),
     }
+    affinity = avoiding(pod_spec.get("affinity"), avoid_nodes)
+    if affinity is not None:
+        pod_spec["affinity"] = affinity
     if resolved.node_selector:
         pod_spec["nodeSelector"] = dict(resolved.node_selector)
     if tolerations:

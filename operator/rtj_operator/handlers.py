@@ -16,7 +16,7 @@ import kopf
 import kubernetes.client
 import kubernetes.config
 
-from rtj_operator import actions, metrics, naming, reconcile
+from rtj_operator import actions, metrics, naming, observe, reconcile
 from rtj_operator.api import GROUP, PLURAL, VERSION
 from rtj_operator.config import OperatorSettings, settings_from_environment
 from rtj_operator.errors import InvalidJobError
@@ -48,7 +48,8 @@ async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> Non
         in_flight[key] = time.monotonic()
         try:
             result = await reconcile.run_pass(
-                body=body, memo=job_memo, api=memo["api"], settings=SETTINGS
+                body=body, memo=job_memo, api=memo["api"], settings=SETTINGS,
+                node_cache=memo["nodes"],
             )
         except InvalidJobError as error:  # permanent: write why, never retry
             metrics.RECONCILE_PASSES.labels(outcome="invalid").inc()
@@ -94,6 +95,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     except kubernetes.config.ConfigException:
         load_kubeconfig()
     memo["api"] = kubernetes.client.ApiClient()
+    # One node list for every job (kopf copies the memo per object, shallowly).
+    memo["nodes"] = observe.NodeCache()
     # A mutable record shared by every job's memo (kopf copies the memo per object, shallowly).
     memo["health"] = {"last_pass_monotonic": time.monotonic(), "in_flight": {}}
     metrics.serve(SETTINGS.metrics_host, SETTINGS.metrics_port)

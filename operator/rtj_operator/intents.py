@@ -35,6 +35,9 @@ class DeletePod:
 
     name: str
     uid: str
+    force: bool = False
+    """Delete at once (gracePeriodSeconds 0): only for a pod whose node is lost, whose kubelet
+    can never confirm a graceful delete."""
 
 
 @dataclass(frozen=True)

@@ -2,20 +2,40 @@
 
 Three list calls by the job label (pods, services, claims) per pass; the kubernetes client is
 synchronous, so the calls run in a worker thread and never block kopf's event loop. The pure
-half, turning API objects into views, is separate (`pod_view`, `observed_from`) and unit-tested.
+half, turning API objects into views, is separate (`pod_view`, `node_view`, `observed_from`) and
+unit-tested.
+
+Nodes are read once for every job: `NodeCache` holds the readiness of every node from one LIST
+(served from the API server's watch cache, `resourceVersion=0`), refreshed at most every
+`NODE_CACHE_SECONDS`, and each job's pods are annotated with their node's Ready condition and
+lost-node taints. Without RBAC on nodes (`rbac.clusterScoped=false`) the operator logs that once
+and works without node information: it then cannot tell a lost node from a slow one.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 import kubernetes.client
+from kubernetes.client.exceptions import ApiException
 
 from rtj_operator import naming, termination
-from rtj_operator.observed import ClaimView, Observed, PodView
+from rtj_operator.observed import ClaimView, NodeView, Observed, PodView
+
+LOG = logging.getLogger("rtj_operator")
+NODE_CACHE_SECONDS = 10.0
+"""How old the shared node list may be before a pass lists nodes again. The node controller
+marks a node lost only after its grace period (40-50 s), so 10 s adds little to detection."""
+FORBIDDEN_RETRY_SECONDS = 600.0
+"""After the API server refused to list nodes, how long the operator works without them before
+it tries again (RBAC may have been granted meanwhile)."""
+LOST_NODE_TAINTS = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
 
 
 def _int_label(labels: Mapping[str, str], key: str) -> int | None:
@@ -40,8 +60,26 @@ def _time(value: object) -> datetime | None:
     return None
 
 
-def pod_view(pod: Mapping[str, Any]) -> PodView:
-    """A pod (as a JSON dict, camelCase) seen through the decisions' eyes."""
+def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == kind:
+            return condition  # type: ignore[no-any-return]
+    return {}
+
+
+def node_view(node: Mapping[str, Any]) -> NodeView:
+    """A node (as a JSON dict, camelCase): its Ready condition and lost-node taints."""
+    taints = (node.get("spec") or {}).get("taints") or []
+    return NodeView(
+        name=(node.get("metadata") or {}).get("name", ""),
+        ready=_condition(node, "Ready").get("status"),
+        unreachable=any(t.get("key") in LOST_NODE_TAINTS for t in taints),
+    )
+
+
+def pod_view(pod: Mapping[str, Any], nodes: Mapping[str, NodeView] | None = None) -> PodView:
+    """A pod (as a JSON dict, camelCase) seen through the decisions' eyes; `nodes` (by name)
+    tell whether its node is lost."""
     meta = pod.get("metadata", {})
     labels = meta.get("labels") or {}
     role = labels.get(naming.ROLE_LABEL, "")
@@ -52,6 +90,11 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     terminated = state.get("terminated") or {}
     running = state.get("running") or {}
     outcome, problem = termination.parse(terminated.get("message"))
+    waiting = state.get("waiting") or {}
+    scheduled = _condition(pod, "PodScheduled")
+    unscheduled = scheduled if scheduled.get("status") == "False" else {}
+    node_name = (pod.get("spec") or {}).get("nodeName")
+    node = nodes.get(node_name) if nodes is not None and node_name else None
     return PodView(
         name=meta.get("name", ""),
         uid=meta.get("uid", ""),
@@ -65,10 +108,18 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         started_at=_time(running.get("startedAt") or terminated.get("startedAt")
                          or status.get("startTime")),
         finished_at=_time(terminated.get("finishedAt")),
-        node_name=(pod.get("spec") or {}).get("nodeName"),
+        node_name=node_name,
         pod_ip=status.get("podIP"),
         outcome=outcome,
         outcome_problem=problem,
+        created_at=_time(meta.get("creationTimestamp")),
+        unscheduled_reason=unscheduled.get("reason") or (
+            "Unscheduled" if unscheduled else None),
+        unscheduled_message=unscheduled.get("message"),
+        waiting_reason=waiting.get("reason"),
+        waiting_message=waiting.get("message"),
+        node_ready=node.ready if node is not None else None,
+        node_unreachable=node.unreachable if node is not None else False,
     )
 
 
@@ -79,12 +130,14 @@ def observed_from(
     pods: Iterable[Mapping[str, Any]],
     services: Iterable[Mapping[str, Any]],
     claims: Iterable[Mapping[str, Any]],
+    nodes: Mapping[str, NodeView] | None = None,
 ) -> Observed:
-    """The Observed record of a job from its labelled children (JSON dicts)."""
+    """The Observed record of a job from its labelled children (JSON dicts) and the nodes by
+    name (None: the operator cannot read nodes)."""
     trainers: dict[int, PodView] = {}
     rendezvous: PodView | None = None
     for pod in pods:
-        view = pod_view(pod)
+        view = pod_view(pod, nodes)
         if view.role == naming.ROLE_TRAINER and view.node_index is not None:
             if view.name == naming.trainer_pod_name(job_name, view.node_index):
                 trainers[view.node_index] = view
@@ -129,13 +182,76 @@ def _read_children(
     return _as_json(api, pods), _as_json(api, services), _as_json(api, claims)
 
 
+def _list_nodes(api: kubernetes.client.ApiClient, timeout: float) -> list[dict[str, Any]]:
+    """Every node, as JSON dicts; from the watch cache, parsed without the client's models
+    (a thousand nodes with their image lists are megabytes)."""
+    response: Any = kubernetes.client.CoreV1Api(api).list_node(
+        resource_version="0", _preload_content=False, _request_timeout=timeout)
+    items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+    return items
+
+
+class NodeCache:
+    """Every node's readiness, shared by the passes of every job: at most one LIST of nodes per
+    `max_age_seconds`, however many jobs and pods there are."""
+
+    def __init__(self, *, max_age_seconds: float = NODE_CACHE_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_age_seconds = max_age_seconds
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._nodes: dict[str, NodeView] | None = None
+        self._listed_at = 0.0
+        self._forbidden_at: float | None = None
+        self._said_forbidden = False
+
+    async def nodes(
+        self, lister: Callable[[], list[dict[str, Any]]]
+    ) -> Mapping[str, NodeView] | None:
+        """The nodes by name, listed again through `lister` when older than the maximum age;
+        None when they cannot be read (no RBAC on nodes, or the LIST failed)."""
+        async with self._lock:
+            now = self._clock()
+            if self._forbidden_at is not None:
+                if now - self._forbidden_at < FORBIDDEN_RETRY_SECONDS:
+                    return None
+                self._forbidden_at = None
+            if self._nodes is not None and now - self._listed_at < self.max_age_seconds:
+                return self._nodes
+            try:
+                items = await asyncio.to_thread(lister)
+            except ApiException as error:
+                if error.status in (401, 403):
+                    self._forbidden_at = now
+                    if not self._said_forbidden:
+                        self._said_forbidden = True
+                        LOG.warning(
+                            "Cannot list nodes (%s %s): working without node information; a "
+                            "pod on a lost node is seen only by its missing heartbeats and "
+                            "is never force-deleted (grant get/list/watch on nodes: "
+                            "rbac.clusterScoped=true)", error.status, error.reason)
+                    return None
+                LOG.warning("Listing nodes failed (%s %s): this pass has no node information",
+                            error.status, error.reason)
+                self._nodes = None
+                return None
+            self._nodes = {view.name: view for view in map(node_view, items)}
+            self._listed_at = now
+            return self._nodes
+
+
 async def observe(
     api: kubernetes.client.ApiClient, *, namespace: str, job_name: str, job_uid: str,
-    timeout: float,
+    timeout: float, node_cache: NodeCache | None = None,
 ) -> Observed:
-    """Read the job's children now (each API call bounded by `timeout` seconds)."""
+    """Read the job's children now (each API call bounded by `timeout` seconds), and their
+    nodes' readiness from `node_cache` when one is given."""
     pods, services, claims = await asyncio.to_thread(
         _read_children, api, namespace, job_name, timeout)
+    nodes = None
+    if node_cache is not None:
+        nodes = await node_cache.nodes(lambda: _list_nodes(api, timeout))
     return observed_from(
-        job_name=job_name, job_uid=job_uid, pods=pods, services=services, claims=claims
+        job_name=job_name, job_uid=job_uid, pods=pods, services=services, claims=claims,
+        nodes=nodes,
     )

@@ -41,10 +41,54 @@ class PodView:
     """The trainer's termination message (`rtj_operator.termination`), once it has one."""
     outcome_problem: str | None = None
     """Why a termination message was there but ignored (not the trainer's format)."""
+    created_at: datetime | None = None
+    """metadata.creationTimestamp: the pod start deadline counts from it."""
+    unscheduled_reason: str | None = None
+    """The PodScheduled condition is False: the scheduler's reason (`Unschedulable`)."""
+    unscheduled_message: str | None = None
+    """...and its message (`0/3 nodes are available: ...`)."""
+    waiting_reason: str | None = None
+    """The main container waits: the kubelet's reason (`ImagePullBackOff`, `ContainerCreating`)."""
+    waiting_message: str | None = None
+    node_ready: str | None = None
+    """The Ready condition of the pod's node (`True`, `False`, `Unknown`); None when the node is
+    not known (not scheduled, or the operator cannot read nodes)."""
+    node_unreachable: bool = False
+    """The pod's node carries the `node.kubernetes.io/unreachable` or
+    `node.kubernetes.io/not-ready` taint (the node controller's mark of a lost node)."""
 
     @property
     def terminated(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def node_lost(self) -> bool:
+        """The pod's node is lost: not Ready (False or Unknown) and tainted by the node
+        controller. Its kubelet can no longer finish a graceful delete."""
+        return self.node_ready in ("False", "Unknown") and self.node_unreachable
+
+    @property
+    def start_problem(self) -> tuple[str, str] | None:
+        """Why a pod that is not running yet does not start, as (reason, message): the
+        scheduler's when it is not scheduled, else the kubelet's when its container waits."""
+        if self.phase != "Pending" or self.deleting:
+            return None
+        if self.unscheduled_reason:
+            return self.unscheduled_reason, self.unscheduled_message or ""
+        if self.waiting_reason:
+            return self.waiting_reason, self.waiting_message or ""
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeView:
+    """What the operator needs of a Kubernetes node: is it lost?"""
+
+    name: str
+    ready: str | None = None
+    """status.conditions[Ready].status: `True`, `False` or `Unknown` (None: not reported)."""
+    unreachable: bool = False
+    """Carries the `node.kubernetes.io/unreachable` or `node.kubernetes.io/not-ready` taint."""
 
 
 @dataclass(frozen=True, kw_only=True)

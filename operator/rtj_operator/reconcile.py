@@ -71,8 +71,10 @@ async def run_pass(
     memo: JobMemo,
     api: kubernetes.client.ApiClient,
     settings: OperatorSettings,
+    node_cache: observe.NodeCache | None = None,
 ) -> PassResult:
-    """Observe the job's children and ranks, decide, apply the actions."""
+    """Observe the job's children (and their nodes, through the operator-wide `node_cache`) and
+    ranks, decide, apply the actions."""
     started = time.monotonic()
     raw = plain(body)
     current_status = raw.get("status") or {}
@@ -95,7 +97,7 @@ async def run_pass(
     plan = plan_for(job, settings)
     observed = await observe.observe(
         api, namespace=namespace, job_name=job.name, job_uid=job.metadata.uid or "",
-        timeout=settings.api_request_timeout_seconds,
+        timeout=settings.api_request_timeout_seconds, node_cache=node_cache,
     )
     liveness = await scraping.scrape(
         observed.trainer_pods.values(),

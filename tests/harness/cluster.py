@@ -307,6 +307,13 @@ class Cluster:
         status = (pod or {}).get("status")
         raise TimeoutError(f"pod {namespace}/{name} not in {phases} after {timeout} s: {status}")
 
+    def cordon_node(self, name: str) -> None:
+        """`kubectl cordon`: spec.unschedulable=true; the scheduler places no new pod there."""
+        self.api.patch(f"/api/v1/nodes/{name}", {"spec": {"unschedulable": True}})
+
+    def uncordon_node(self, name: str) -> None:
+        self.api.patch(f"/api/v1/nodes/{name}", {"spec": {"unschedulable": None}})
+
     def wait_for_pod_gone(self, namespace: str, name: str, timeout: float = 60) -> None:
         path = f"/api/v1/namespaces/{namespace}/pods/{name}"
         wait_until(lambda: self.api.get_or_none(path) is None, timeout, f"pod {name} to be gone")

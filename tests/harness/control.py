@@ -13,7 +13,7 @@ class NodeControlError(RuntimeError):
 
 
 class NodeControl:
-    """Freeze/thaw/kill pods and flip node readiness on the process-backed nodes."""
+    """Freeze/thaw/kill pods; flip node readiness, partition nodes, make them refuse pods."""
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
@@ -44,13 +44,53 @@ class NodeControl:
         self._call("POST", f"/pods/{namespace}/{name}/kill", {"signal": sig})
 
     def set_node_ready(self, node: str, ready: bool) -> None:
-        """NotReady: heartbeats stop and Ready=False is posted; pods keep running."""
+        """NotReady: heartbeats stop and Ready=False is posted; pods keep running and the node
+        still acts on the API for them (a sick kubelet, not a partition: see `partition_node`)."""
         self._call("POST", f"/nodes/{node}/ready", {"ready": ready})
+
+    def partition_node(self, node: str) -> list[str]:
+        """Cut the node off the API like a network partition; returns the pods it froze.
+
+        No Lease renewal, no node or pod status, deletions not carried out (pods stay
+        Terminating), no new pods started there, every process of its pods frozen. The real
+        node-lifecycle controller then marks it Ready=Unknown and taints it unreachable.
+        """
+        result: dict[str, Any] = self._call("POST", f"/nodes/{node}/partition", {})
+        return list(result["frozen"])
+
+    def heal_node(self, node: str) -> list[str]:
+        """Reconnect the node; returns the pods force-deleted meanwhile whose processes it killed.
+
+        Those are SIGKILLed before anything thaws; the other pods thaw, the node posts Ready
+        again, terminates pods deleted meanwhile and starts pods bound to it meanwhile.
+        """
+        result: dict[str, Any] = self._call("POST", f"/nodes/{node}/heal", {})
+        return list(result["killed"])
+
+    def refuse_pods(self, node: str, reason: str, message: str = "") -> None:
+        """New pods bound to `node` stay Pending, each container waiting with `reason`.
+
+        `reason` is a kubelet waiting reason: ErrImagePull (then ImagePullBackOff between
+        attempts, as kubelet's image back-off does), ImagePullBackOff, ErrImageNeverPull,
+        InvalidImageName, CreateContainerConfigError or CreateContainerError. Pods already
+        running there are not affected.
+        """
+        self._call("POST", f"/nodes/{node}/refuse", {"reason": reason, "message": message})
+
+    def accept_pods(self, node: str) -> None:
+        """Undo `refuse_pods`: the pods waiting there start at their next retry (< 1 s)."""
+        self._call("POST", f"/nodes/{node}/accept", {})
 
     def node_names(self) -> list[str]:
         return [node["name"] for node in self._call("GET", "/nodes")]
 
+    def node_states(self) -> list[dict[str, Any]]:
+        """The harness's nodes: name, ip, ready, partitioned, refusing (a reason or None)."""
+        result: list[dict[str, Any]] = self._call("GET", "/nodes")
+        return result
+
     def pods(self) -> list[dict[str, Any]]:
-        """The pods the harness has started: namespace, name, uid, node, ip, phase, pgids."""
+        """The pods the harness has started: namespace, name, uid, node, ip, phase, pgids, and
+        whether their node is partitioned."""
         result: list[dict[str, Any]] = self._call("GET", "/pods")
         return result

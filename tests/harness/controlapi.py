@@ -41,10 +41,7 @@ def start_control_server(kubelet: Kubelet) -> str:
             if self.path == "/healthz":
                 self.answer(True, "ok")
             elif self.path == "/nodes":
-                self.answer(*call(lambda: [
-                    {"name": n, "ready": kubelet.node_ready[n], "ip": kubelet.node_ips[n]}
-                    for n in kubelet.nodes
-                ]))  # fmt: skip
+                self.answer(*call(kubelet.describe_nodes))
             elif self.path == "/pods":
                 self.answer(*call(kubelet.describe_pods))
             else:
@@ -64,9 +61,20 @@ def start_control_server(kubelet: Kubelet) -> str:
                 if action in actions:
                     self.answer(*call(actions[action]))
                     return
-            if len(parts) == 3 and parts[0] == "nodes" and parts[2] == "ready":
-                self.answer(*call(lambda: kubelet.set_node_ready(parts[1], bool(body["ready"]))))
-                return
+            if len(parts) == 3 and parts[0] == "nodes":
+                node = parts[1]
+                node_actions: dict[str, Callable[[], Any]] = {
+                    "ready": lambda: kubelet.set_node_ready(node, bool(body["ready"])),
+                    "partition": lambda: kubelet.partition_node(node),
+                    "heal": lambda: kubelet.heal_node(node),
+                    "refuse": lambda: kubelet.refuse_pods(
+                        node, str(body.get("reason", "")), str(body.get("message", ""))
+                    ),
+                    "accept": lambda: kubelet.accept_pods(node),
+                }
+                if parts[2] in node_actions:
+                    self.answer(*call(node_actions[parts[2]]))
+                    return
             self.answer(False, f"unknown path {self.path}")
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -47,6 +47,13 @@ CONTROLLERS = [
     "root-ca-certificate-publisher-controller",
 ]
 
+# The node-lifecycle controller marks a node Ready=Unknown (and taints it unreachable) when it has
+# seen no Lease renewal or status for this long; 1.34's default is 50 s against kubelet's renewal
+# every 10 s. The harness kubelet renews every 2 s (harness.kubelet.nodes), so 15 s still allows
+# 7 missed renewals on a busy machine while a partition shows within 15-17 s.
+NODE_MONITOR_GRACE_SECONDS = 15
+NODE_MONITOR_PERIOD_SECONDS = 2  # how often the controller looks (default 5 s)
+
 
 def free_ports(count: int) -> list[int]:
     """Distinct ports that are free on 127.0.0.1 right now."""
@@ -244,6 +251,8 @@ class ControlPlane:
                 f"--controllers={','.join(CONTROLLERS)}",
                 "--kube-api-qps=100", "--kube-api-burst=200",
                 "--concurrent-gc-syncs=5", "--profiling=false", "--v=1",
+                f"--node-monitor-grace-period={NODE_MONITOR_GRACE_SECONDS}s",
+                f"--node-monitor-period={NODE_MONITOR_PERIOD_SECONDS}s",
             ],
         )  # fmt: skip
         scheduler = self._start(

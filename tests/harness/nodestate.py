@@ -244,6 +244,45 @@ class NotReadyToStart(Exception):
         self.message = message
 
 
+# Waiting reasons a test may make a node answer new pods with (`refuse_pods`), as kubelet writes
+# them in containerStatuses[].state.waiting.reason.
+REFUSAL_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "ErrImageNeverPull",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+
+ERR_IMAGE_PULL_SECONDS = 2.0
+
+
+def refusal_waiting(
+    reason: str, message: str, image: str, pulls: tuple[float, int] | None, now: float
+) -> tuple[NotReadyToStart, tuple[float, int] | None]:
+    """What a node that refuses pods reports for one pod now, and its image-pull record.
+
+    `ErrImagePull` follows kubelet's image back-off: each pull attempt fails with ErrImagePull,
+    and between attempts (10 s after the first failure, doubling up to 5 minutes) the container
+    waits with ImagePullBackOff (after showing ErrImagePull for `ERR_IMAGE_PULL_SECONDS`, as the
+    failed pull's status stays until kubelet's next pod sync). `pulls` is (time of the next
+    attempt, failures so far). Any other reason is reported as it is.
+    """
+    if reason != "ErrImagePull":
+        return NotReadyToStart(reason, message), pulls
+    next_pull, failures = pulls if pulls is not None else (now, 0)
+    if now >= next_pull:
+        failures += 1
+        return NotReadyToStart(reason, message), (now + restart_delay(failures), failures)
+    if now < next_pull - restart_delay(failures) + ERR_IMAGE_PULL_SECONDS:
+        return NotReadyToStart(reason, message), (next_pull, failures)
+    backoff = f'Back-off pulling image "{image}": ErrImagePull: {message}'
+    return NotReadyToStart("ImagePullBackOff", backoff), (next_pull, failures)
+
+
 def pod_conditions(pod: JsonObject, run: PodRun | None, ready: bool) -> list[JsonObject]:
     """Full condition list (merge patch replaces lists), keeping the scheduler's PodScheduled."""
     now = now_rfc3339()

@@ -135,7 +135,8 @@ def test_fault_tolerance_and_checkpoint_policy_change_while_the_job_runs(
     apply(cluster, api_namespace, job_manifest("tune-running"))
     tuned = job_manifest(
         "tune-running",
-        faultTolerance={"rankRestartBudget": {"max": 20}, "restartStrategy": "FullRestart"},
+        faultTolerance={"rankRestartBudget": {"max": 20}, "restartStrategy": "FullRestart",
+                        "podStartTimeoutSeconds": 1200},
         # keep, not intervalSteps: the interval is read by the running trainers and changes
         # only while suspended (issue 11; tests/integration/invalid/update-checkpoint-*.yaml).
         checkpoint={"storageClassName": "local-shared", "size": "1Gi", "keep": 5,
@@ -145,5 +146,6 @@ def test_fault_tolerance_and_checkpoint_policy_change_while_the_job_runs(
     apply(cluster, api_namespace, tuned)
     spec = get_job(cluster, api_namespace, "tune-running")["spec"]
     assert spec["faultTolerance"]["rankRestartBudget"] == {"max": 20, "windowSeconds": 3600}
+    assert spec["faultTolerance"]["podStartTimeoutSeconds"] == 1200  # the operator reads it
     assert spec["checkpoint"]["keep"] == 5
     assert spec["checkpoint"]["staleAfterIntervals"] == 6

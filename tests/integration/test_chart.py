@@ -150,7 +150,8 @@ def test_default_rbac_splits_framework_and_application_into_cluster_roles(
     assert application[(GROUP, "resilienttrainingjobs/status")] >= {"patch", "update"}
     assert application[("", "pods")] == {"get", "list", "watch", "create", "delete"}
     assert application[("", "services")] == {"get", "list", "watch", "create", "delete", "patch"}
-    assert ("", "secrets") not in application and ("", "nodes") not in application
+    assert ("", "secrets") not in application
+    assert application[("", "nodes")] == {"get", "list", "watch"}  # lost nodes; read only
 
 
 def test_namespaced_rbac_renders_roles_in_the_release_namespace_and_watches_only_it(
@@ -167,6 +168,8 @@ def test_namespaced_rbac_renders_roles_in_the_release_namespace_and_watches_only
     # Only the read-only CRD rule stays cluster-wide: CRDs are cluster-scoped objects.
     (cluster_role,) = kinds["ClusterRole"]
     assert [r for _, r, _ in rules_of(cluster_role)] == ["customresourcedefinitions"]
+    application = next(r for r in roles if r["metadata"]["name"].endswith("-application"))
+    assert "nodes" not in [r for _, r, _ in rules_of(application)]  # cluster-scoped objects
     assert operator_env(manifests)["RTJ_OPERATOR_NAMESPACE"] == "team-a"
 
 
@@ -347,6 +350,7 @@ def test_helm_install_grants_exactly_what_the_operator_needs_and_uninstall_remov
     assert release.can("create", "events")
     assert release.can("create", "pods", namespace="default")  # cluster-scoped: every namespace
     assert not release.can("delete", "nodes")
+    assert release.can("list", "nodes")  # is a pod's node lost?
     assert not release.can("get", "secrets")
     assert not release.can("patch", "pods")
     assert not release.can("delete", "customresourcedefinitions.apiextensions.k8s.io")

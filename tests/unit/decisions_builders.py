@@ -20,7 +20,6 @@ from rtj_operator.intents import CreateObject, DeletePod
 from rtj_operator.observed import ClaimView, NodeLiveness, Observed, PodView, RankSample
 from rtj_operator.podplan import plan_for
 from rtj_operator.reconcile import api_status
-from rtj_operator.termination import TrainerOutcome
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 SETTINGS = OperatorSettings()
@@ -75,22 +74,31 @@ def job(status: dict[str, Any] | None = None, **spec: Any) -> Any:
     return parse_job(body)
 
 
+LOST_NODE: dict[str, Any] = {"node_ready": "Unknown", "node_unreachable": True}
+"""PodView fields of a pod whose node is lost (NotReady, tainted unreachable)."""
+
+
 def trainer(index: int, phase: str = "Running", *, attempt: int = 0, exit_code: int | None = None,
-            deleting: bool = False, started: datetime = T0,
-            outcome: TrainerOutcome | None = None) -> PodView:
-    return PodView(
-        outcome=outcome,
-        name=f"{NAME}-{index}", uid=f"uid-{index}-{attempt}", role="trainer", node_index=index,
-        attempt=attempt, phase=phase, deleting=deleting, exit_code=exit_code,
-        started_at=started if phase != "Pending" else None,
-        finished_at=started + timedelta(seconds=30) if exit_code is not None else None,
-        node_name=f"node-{index}", pod_ip=f"127.1.0.{index + 2}",
-    )
+            deleting: bool = False, started: datetime = T0, **view: Any) -> PodView:
+    """A trainer pod on node `node-<index>`, created at `started`; `view` sets other PodView
+    fields (`node_ready`, `waiting_reason`, ...)."""
+    fields: dict[str, Any] = {
+        "name": f"{NAME}-{index}", "uid": f"uid-{index}-{attempt}", "role": "trainer",
+        "node_index": index, "attempt": attempt, "phase": phase, "deleting": deleting,
+        "exit_code": exit_code, "started_at": started if phase != "Pending" else None,
+        "finished_at": started + timedelta(seconds=30) if exit_code is not None else None,
+        "node_name": f"node-{index}", "pod_ip": f"127.1.0.{index + 2}", "created_at": started,
+        "node_ready": "True",
+    }
+    fields.update(view)
+    return PodView(**fields)
 
 
-def rendezvous(phase: str = "Running", deleting: bool = False) -> PodView:
+def rendezvous(phase: str = "Running", deleting: bool = False, **view: Any) -> PodView:
+    fields: dict[str, Any] = {"node_name": "node-r", "created_at": T0, "node_ready": "True"}
+    fields.update(view)
     return PodView(name=f"{NAME}-rdzv", uid="uid-rdzv", role="rendezvous", phase=phase,
-                   deleting=deleting, started_at=T0)
+                   deleting=deleting, started_at=T0 if phase != "Pending" else None, **fields)
 
 
 def world(*pods: PodView, rdzv: PodView | None = None, claim: ClaimView | None = None,

@@ -110,12 +110,17 @@ def test_a_pod_that_never_heartbeats_times_out_after_start() -> None:
     assert sorted(deleted(three)) == ["tiny-0", "tiny-1", "tiny-rdzv"]  # both: a full restart
 
 
-def test_no_hang_is_declared_while_a_pod_is_still_pending() -> None:
-    j = job()
+def test_a_pod_pending_past_its_deadline_is_replaced_not_the_pod_waiting_for_it() -> None:
+    # Review C7: a pod Pending for ever used to switch every check off. Its deadline
+    # (podStartTimeoutSeconds) comes before the survivor's heartbeat timeout (20 + 60 s here).
+    j = job(faultTolerance={"podStartTimeoutSeconds": 70})
     first = decide(j, world())
     pending = world(trainer(0), trainer(1, "Pending"), rdzv=rendezvous())
-    two = then(first, j, pending, now=T0 + timedelta(seconds=3000))
-    assert two.of_type(DeletePod) == []
+    within = then(first, j, pending, now=T0 + timedelta(seconds=65))
+    assert within.of_type(DeletePod) == []
+    late = then(within, j, pending, now=T0 + timedelta(seconds=3000))
+    assert deleted(late) == ["tiny-1"]
+    assert late.status["incidents"][-1]["cause"] == IncidentCause.POD_START_TIMEOUT
 
 
 def test_a_stalled_step_restarts_the_job() -> None:

@@ -122,8 +122,11 @@ def test_spares_need_in_process_restart() -> None:
 
 def test_a_pending_replacement_does_not_switch_off_hang_detection() -> None:
     status = {"spares": {"desired": 1, "ready": 0, "waiting": [1]}}
-    observed = world(trainer(0), trainer(1, "Pending", attempt=1), trainer(2), rdzv=rendezvous())
     much_later = T0 + timedelta(hours=1)
+    # The replacement was created a minute ago: within podStartTimeoutSeconds.
+    observed = world(trainer(0), trainer(1, "Pending", attempt=1,
+                                         created_at=much_later - timedelta(minutes=1)),
+                     trainer(2), rdzv=rendezvous())
     # Pod 2 beats now; pod 0's last beat is an hour old.
     stale = scraped(observed, T0, standby=set(), step=500)
     fresh = scraped(observed, much_later, standby=set(), step=500)

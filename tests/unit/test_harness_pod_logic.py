@@ -15,7 +15,13 @@ from harness.envvars import (
 )
 from harness.ipam import LoopbackIpAllocator
 from harness.kubelet.hostsfile import RunningPod, ServiceEntry, render_hosts
-from harness.nodestate import exit_code_of, node_manifest, node_status, pod_conditions
+from harness.nodestate import (
+    exit_code_of,
+    node_manifest,
+    node_status,
+    pod_conditions,
+    refusal_waiting,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -258,3 +264,43 @@ def test_a_checkout_and_run_dir_under_tmp_stay_visible_through_the_private_tmp()
     # nested paths are covered by their parent's bind mount: no duplicate mounts
     assert len(kept) == len(set(kept))
     assert not any(a != b and a in b.parents for a in kept for b in kept)
+
+
+def test_a_refused_image_pull_alternates_like_kubelets_image_back_off() -> None:
+    image, message = "registry.local/app:1", "not found"
+    seen = []
+    pulls = None
+    for now in (100.0, 101.0, 102.5, 109.9, 110.0, 112.5, 130.0):
+        waiting, pulls = refusal_waiting("ErrImagePull", message, image, pulls, now)
+        seen.append((now, waiting.reason))
+    assert seen == [
+        (100.0, "ErrImagePull"),  # the first pull fails
+        (101.0, "ErrImagePull"),  # still shown until the next sync
+        (102.5, "ImagePullBackOff"),  # backing off 10 s
+        (109.9, "ImagePullBackOff"),
+        (110.0, "ErrImagePull"),  # the second pull fails: 20 s back-off
+        (112.5, "ImagePullBackOff"),
+        (130.0, "ErrImagePull"),
+    ]
+    backoff, _ = refusal_waiting("ErrImagePull", message, image, (200.0, 3), 170.0)
+    assert backoff.message == f'Back-off pulling image "{image}": ErrImagePull: not found'
+
+
+def test_other_refusal_reasons_are_reported_as_they_are() -> None:
+    waiting, pulls = refusal_waiting(
+        "CreateContainerConfigError", 'secret "creds" not found', "x", None, 5.0
+    )
+    assert (waiting.reason, waiting.message, pulls) == (
+        "CreateContainerConfigError",
+        'secret "creds" not found',
+        None,
+    )
+
+
+def test_the_node_monitor_grace_period_allows_several_missed_lease_renewals() -> None:
+    from harness.controlplane import NODE_MONITOR_GRACE_SECONDS, NODE_MONITOR_PERIOD_SECONDS
+    from harness.kubelet.nodes import LEASE_RENEW_SECONDS
+
+    # A real cluster allows 5 (50 s grace, renewal every 10 s); fewer would flap busy nodes.
+    assert NODE_MONITOR_GRACE_SECONDS >= 5 * LEASE_RENEW_SECONDS
+    assert NODE_MONITOR_PERIOD_SECONDS < NODE_MONITOR_GRACE_SECONDS

@@ -245,3 +245,50 @@ def test_fault_injection_reaches_the_trainer_only_when_the_spec_enables_it() -> 
     assert env["RTJ_FAULT_INJECTION"] == "1" and env["TRAINER_FAULTS"] == "10:1:sigkill"
     with pytest.raises(ValueError, match=r"TRAINER_FAULTS needs faultTolerance\.faultInjection"):
         p5_job(env=[{"name": "TRAINER_FAULTS", "value": "10:1:sigkill"}])
+
+
+# --- excluded nodes: a preferred node anti-affinity, merged with the user's ---------------------
+
+USER_AFFINITY: dict[str, Any] = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In",
+                                   "values": ["us-west-2a"]}]}]},
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "preference": {"matchExpressions": [
+                {"key": "capacity", "operator": "In", "values": ["reserved"]}]}}],
+    },
+    "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
+}
+AVOID_TERM = {"weight": 100, "preference": {"matchFields": [
+    {"key": "metadata.name", "operator": "NotIn", "values": ["ip-10-0-1-5", "ip-10-0-1-7"]}]}}
+
+
+def test_a_trainer_pod_prefers_every_node_but_the_excluded_ones() -> None:
+    job = p5_job()
+    plan = plan_for(job, SETTINGS)
+    pod = builders.trainer_pod(job, plan=plan, node_index=3, attempt=1, settings=SETTINGS,
+                               avoid_nodes=["ip-10-0-1-7", "ip-10-0-1-5"])
+    assert pod["spec"]["affinity"] == {
+        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [AVOID_TERM]}}
+    plain = builders.trainer_pod(job, plan=plan, node_index=3, attempt=1, settings=SETTINGS)
+    assert "affinity" not in plain["spec"]
+
+
+def test_the_excluded_nodes_merge_with_the_users_affinity_and_leave_it_unchanged() -> None:
+    template = {"labels": {}, "affinity": USER_AFFINITY}
+    job = p5_job(podTemplate=template)
+    plan = plan_for(job, SETTINGS)
+    before = yaml.safe_dump(job.spec.pod_template.affinity)
+    pod = builders.trainer_pod(job, plan=plan, node_index=0, attempt=2, settings=SETTINGS,
+                               avoid_nodes=["ip-10-0-1-5", "ip-10-0-1-7"])
+    node_affinity = pod["spec"]["affinity"]["nodeAffinity"]
+    assert node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] == (
+        USER_AFFINITY["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"])
+    assert node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        *USER_AFFINITY["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"],
+        AVOID_TERM]
+    assert pod["spec"]["affinity"]["podAntiAffinity"] == USER_AFFINITY["podAntiAffinity"]
+    assert yaml.safe_dump(job.spec.pod_template.affinity) == before  # the spec is not touched
+    rendezvous = builders.rendezvous_pod(job, plan=plan, settings=SETTINGS)
+    assert rendezvous["spec"]["affinity"] == USER_AFFINITY  # only trainer pods avoid nodes

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
-from rtj_operator.observe import observed_from, pod_view
+from kubernetes.client.exceptions import ApiException
+from rtj_operator.observe import (
+    FORBIDDEN_RETRY_SECONDS,
+    NodeCache,
+    node_view,
+    observed_from,
+    pod_view,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -44,3 +54,114 @@ def test_children_are_sorted_into_trainers_rendezvous_services_and_claim() -> No
     assert observed.rendezvous_pod is not None and observed.rendezvous_pod.name == "j-rdzv"
     assert observed.headless_service and observed.rendezvous_service
     assert observed.claim is not None and observed.claim.owned_by_job
+
+
+# --- nodes, and pods that do not start ----------------------------------------------------------
+
+LOST_NODE_JSON = {
+    "metadata": {"name": "node-a", "labels": {"kubernetes.io/hostname": "node-a"}},
+    "spec": {"taints": [
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule",
+         "timeAdded": "2026-11-29T12:00:40Z"},
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute",
+         "timeAdded": "2026-11-29T12:00:45Z"}]},
+    "status": {"conditions": [
+        {"type": "MemoryPressure", "status": "Unknown", "reason": "NodeStatusUnknown"},
+        {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+         "message": "Kubelet stopped posting node status."}]},
+}
+HEALTHY_NODE_JSON = {
+    "metadata": {"name": "node-b"},
+    "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
+    "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]},
+}
+
+
+def test_a_node_shows_its_ready_condition_and_lost_node_taints() -> None:
+    lost, healthy = node_view(LOST_NODE_JSON), node_view(HEALTHY_NODE_JSON)
+    assert (lost.name, lost.ready, lost.unreachable) == ("node-a", "Unknown", True)
+    assert (healthy.name, healthy.ready, healthy.unreachable) == ("node-b", "True", False)
+    not_ready = node_view({"metadata": {"name": "n"}, "spec": {"taints": [
+        {"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}]},
+        "status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+    assert (not_ready.ready, not_ready.unreachable) == ("False", True)
+    assert node_view({"metadata": {"name": "new"}}).ready is None
+
+
+def test_a_pod_on_a_lost_node_is_marked_lost_only_with_node_information() -> None:
+    raw = pod("j-1", "trainer", 1, phase="Running")
+    nodes = {"node-a": node_view(LOST_NODE_JSON)}
+    view = observed_from(job_name="j", job_uid="u", pods=[raw], services=[], claims=[],
+                         nodes=nodes).trainer_pods[1]
+    assert (view.node_ready, view.node_unreachable, view.node_lost) == ("Unknown", True, True)
+    blind = pod_view(raw)  # the operator cannot read nodes
+    assert (blind.node_ready, blind.node_lost) == (None, False)
+
+
+def test_an_unschedulable_pod_shows_the_schedulers_reason() -> None:
+    raw = pod("j-1", "trainer", 1, phase="Pending", conditions=[
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+         "lastTransitionTime": "2026-11-29T12:00:01Z"}])
+    raw["metadata"]["creationTimestamp"] = "2026-11-29T12:00:00Z"  # type: ignore[index]
+    del raw["spec"]["nodeName"]  # type: ignore[attr-defined]
+    view = pod_view(raw)
+    assert view.created_at == datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    assert view.node_name is None
+    assert view.start_problem == (
+        "Unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+
+
+def test_a_pod_whose_image_cannot_be_pulled_shows_the_kubelets_reason() -> None:
+    raw = pod("j-1", "trainer", 1, phase="Pending",
+              conditions=[{"type": "PodScheduled", "status": "True"},
+                          {"type": "Ready", "status": "False", "reason": "ContainersNotReady"}],
+              containerStatuses=[{"name": "trainer", "ready": False, "restartCount": 0,
+                                  "image": "img", "imageID": "", "state": {"waiting": {
+                                      "reason": "ImagePullBackOff",
+                                      "message": 'Back-off pulling image "img"'}}}])
+    view = pod_view(raw)
+    assert view.unscheduled_reason is None and view.node_name == "node-a"
+    assert view.start_problem == ("ImagePullBackOff", 'Back-off pulling image "img"')
+    assert pod_view(pod("j-1", "trainer", 1, phase="Running")).start_problem is None
+
+
+def test_the_node_cache_lists_nodes_once_per_age_for_every_job() -> None:
+    now = [0.0]
+    calls: list[int] = []
+
+    def lister() -> list[dict[str, Any]]:
+        calls.append(1)
+        return [LOST_NODE_JSON, HEALTHY_NODE_JSON]
+
+    cache = NodeCache(max_age_seconds=10, clock=lambda: now[0])
+    first = asyncio.run(cache.nodes(lister))
+    now[0] = 9.0
+    second = asyncio.run(cache.nodes(lister))
+    assert first is not None and sorted(first) == ["node-a", "node-b"] and second is first
+    assert len(calls) == 1
+    now[0] = 10.5
+    asyncio.run(cache.nodes(lister))
+    assert len(calls) == 2
+
+
+def test_without_rbac_on_nodes_the_cache_says_so_once_and_works_without(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    calls: list[int] = []
+
+    def forbidden() -> list[dict[str, Any]]:
+        calls.append(1)
+        raise ApiException(status=403, reason="Forbidden")
+
+    cache = NodeCache(max_age_seconds=10, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="rtj_operator"):
+        assert asyncio.run(cache.nodes(forbidden)) is None
+        now[0] = 60.0
+        assert asyncio.run(cache.nodes(forbidden)) is None  # not asked again yet
+        now[0] = FORBIDDEN_RETRY_SECONDS + 1
+        assert asyncio.run(cache.nodes(forbidden)) is None
+    assert len(calls) == 2
+    warnings = [r for r in caplog.records if "Cannot list nodes" in r.getMessage()]
+    assert len(warnings) == 1 and "rbac.clusterScoped=true" in warnings[0].getMessage()

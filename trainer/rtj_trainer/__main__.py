@@ -93,6 +93,12 @@ def fatal(exc: FatalError) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import timeline
+
+    started = timeline.process_start_time()
+    if started is not None:
+        timeline.mark("process_start", started)
+    timeline.mark("main")
     args = parse_args(argv)
     try:
         cfg = build_config(preset=args.preset or ("tiny" if args.config is None else None),
@@ -115,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     from .resiliency import Resiliency, waiting_as_spare
     from .train import train
 
+    timeline.mark("imports")
     metrics = TrainerMetrics(rank=launch.rank, local_rank=launch.local_rank, job=cfg.job.name,
                              attempt=cfg.job.attempt)
     metrics.standby = waiting_as_spare

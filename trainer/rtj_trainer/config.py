@@ -122,6 +122,10 @@ class CheckpointConfig(_Section):
     """On resume, re-hash every shard against its manifest entry (sizes are always checked)."""
     save_final: bool = True
     """Also save (synchronously wait for) a checkpoint at the last step."""
+    local_dir: str | None = None
+    """Also keep each rank's newest saves in this node-local folder (RAM: /dev/shm/...), and
+    resume from there when every rank holds the same save and it is not older than the newest
+    commit (rtj_trainer.checkpoint.local). Needs room for two shards per local rank. Off: None."""
     test_write_delay_seconds: float = Field(default=0.0, ge=0)
     """Testing knob: the writer sleeps this long before writing, to widen the mid-save window."""
 

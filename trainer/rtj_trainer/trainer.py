@@ -25,7 +25,7 @@ from typing import IO, Any
 import torch
 import torch.distributed as dist
 
-from . import parallel
+from . import parallel, timeline
 from .checkpoint import Checkpointer, CheckpointError, read_manifest
 from .checkpoint.store import committed_checkpoints, read_commit_log
 from .config import Config
@@ -113,6 +113,7 @@ class Trainer:
         self.ctx = ctx
         self.rank = ctx.rank
         self.identity, self._pod_attempts = _agree_on_identity(cfg, session, ctx)
+        timeline.mark("identity")
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.data = TokenBatches(cfg.data, seq_len=cfg.model.seq_len,
                                  vocab_size=cfg.model.vocab_size)
@@ -126,9 +127,11 @@ class Trainer:
             keepalive=session.heartbeat,
         )
         self._loaded = self.checkpointer.load_latest()
+        timeline.mark("checkpoint_chosen")
         # A resume overwrites every parameter: skip building and initialising the full model.
         self.model = parallel.build_model(cfg, ctx, initialise=self._loaded is None)
         self.optimizer, self.scheduler = parallel.build_optimizer(cfg, self.model)
+        timeline.mark("model_built")
         self.ledger: Ledger | None = None
         self.current_step = 0
         """The last completed step (the resumed one before the first step of this attempt)."""
@@ -146,7 +149,9 @@ class Trainer:
     @classmethod
     def build(cls, cfg: Config, session: Session) -> Trainer:
         """Join the process group and build everything; on failure, give the device back."""
+        timeline.begin_attempt()
         ctx = parallel.init_distributed(cfg, session.launch, session.process_group_store())
+        timeline.mark("process_group")
         try:
             return cls(cfg, session, ctx)
         except BaseException:
@@ -191,8 +196,10 @@ class Trainer:
                 )
             self.load_state_dict(state)
             completed_at = float(state[STEP_COMPLETED_AT])
+            timeline.mark("state_loaded")
             if self.rank == 0:
-                log.info("resumed from %s (step %d)%s", loaded.directory.name, self.current_step,
+                log.info("resumed from %s (step %d)%s%s", loaded.directory.name, self.current_step,
+                         " from the node-local copies" if loaded.source == "local" else "",
                          f"; rejected: {list(loaded.rejected)}" if loaded.rejected else "")
         self.ledger = _reconcile_ledger(self.cfg, self.session, self._pod_attempts, completed_at,
                                         self.rank)
@@ -221,8 +228,11 @@ class Trainer:
                                            "time": time.time()}) + "\n")
             self._losses.flush()
         self.session.after_step(self.steps_this_attempt)
-        if self.steps_this_attempt == 1 and self.cfg.checkpoint.interval_steps:
-            self.checkpointer.prepare(self.state_dict())  # optimizer state now exists
+        if self.steps_this_attempt == 1:
+            timeline.mark("first_step")
+            log.info("timeline %s", timeline.render(), extra={"rank": self.rank})
+            if self.cfg.checkpoint.interval_steps:
+                self.checkpointer.prepare(self.state_dict())  # optimizer state now exists
 
     def checkpoint_due(self, step: int) -> bool:
         interval = self.cfg.checkpoint.interval_steps
@@ -257,6 +267,7 @@ class Trainer:
         with self.session.section("checkpoint"):
             self.checkpointer.wait_until_committed()
         dist.barrier()
+        self.checkpointer.discard_local_copies()
 
     def summary(self, loop_seconds: float) -> dict[str, Any]:
         """The summary JSON of a finished job (rank 0 prints it)."""

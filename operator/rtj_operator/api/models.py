@@ -482,6 +482,20 @@ class FaultTolerance(ApiModel):
         ge=1,
         le=604800,
     )
+    pod_start_timeout_seconds: int = Field(
+        default=600,
+        description=(
+            "A pod still Pending this long after it was created (not scheduled, or its "
+            "container waiting: ImagePullBackOff, CreateContainerConfigError, ...) is a fault: "
+            "it is replaced (its node avoided when it was scheduled), spending the restart "
+            "budgets like any other fault. Why it does not start shows at once in the "
+            "`PodsNotStarting` condition. Keep it below heartbeatTimeoutSeconds + "
+            "initialHeartbeatTimeoutSeconds: the other pods wait for it without heartbeats. "
+            "May change at any time."
+        ),
+        ge=10,
+        le=604800,
+    )
     in_process_restart: Literal["Enabled", "Disabled"] = Field(
         default="Enabled",
         description=(

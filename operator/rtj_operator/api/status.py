@@ -24,6 +24,8 @@ from rtj_operator.api.schema import MAX_NODES, ApiModel
 MAX_INCIDENTS = 20
 """status.incidents keeps the last MAX_INCIDENTS incidents."""
 MAX_CONDITIONS = 16
+MAX_EXCLUDED_NODES = 32
+"""status.excludedNodes keeps the newest MAX_EXCLUDED_NODES nodes."""
 
 
 # --- vocabulary -------------------------------------------------------------------------------
@@ -52,6 +54,9 @@ class ConditionType(StrEnum):
     CHECKPOINT_STALE = "CheckpointStale"
     """The job's step is more than `checkpoint.staleAfterIntervals` x `intervalSteps` past the
     newest committed checkpoint."""
+    PODS_NOT_STARTING = "PodsNotStarting"
+    """A pod is Pending with a reason from the scheduler or the kubelet (Unschedulable,
+    ImagePullBackOff, ...), or past podStartTimeoutSeconds."""
 
 
 class RankState(StrEnum):
@@ -78,6 +83,11 @@ class IncidentCause(StrEnum):
     PROGRESS_TIMEOUT = "ProgressTimeout"
     RENDEZVOUS_LOST = "RendezvousLost"
     WORKER_RESTART = "WorkerRestart"
+    NODE_LOST = "NodeLost"
+    """The pod's node is NotReady or unreachable (tainted by the node controller) and the pod's
+    heartbeats stopped: the pod is force-deleted and replaced elsewhere."""
+    POD_START_TIMEOUT = "PodStartTimeout"
+    """The pod was still Pending podStartTimeoutSeconds after it was created."""
 
 
 class RecoveryAction(StrEnum):
@@ -156,7 +166,8 @@ class Condition(ApiModel):
             "`Ready` (summary: the job is training or finished well), `Running`, `Recovering`, "
             "`Suspended`, `Succeeded`, `Failed`, `CheckpointStale` (the step is more than "
             "`checkpoint.staleAfterIntervals` x `intervalSteps` past the newest committed "
-            "checkpoint)."
+            "checkpoint), `PodsNotStarting` (a pod is Pending with the scheduler's or the "
+            "kubelet's reason, which the condition's reason and message carry)."
         )
     )
     status: ConditionStatus = Field(description="`True`, `False`, `Unknown`.")
@@ -267,6 +278,20 @@ class SpareStatus(ApiModel):
     )
 
 
+class ExcludedNode(ApiModel):
+    """A node the job's new trainer pods avoid (a preferred node anti-affinity), and why."""
+
+    node: str = Field(description="Name of the Kubernetes node.", max_length=253)
+    reason: IncidentCauseField = Field(
+        description="The fault seen there: `HeartbeatTimeout`, `NodeLost` or `PodStartTimeout`."
+    )
+    since: Timestamp = Field(description="When the node was (last) excluded.")
+    node_index: int | None = Field(
+        default=None, description="Node index of the pod that failed there.", ge=0
+    )
+    message: str | None = Field(default=None, description="The evidence.", max_length=1024)
+
+
 class Incident(ApiModel):
     """One fault and the recovery the operator chose for it."""
 
@@ -343,6 +368,16 @@ class ResilientTrainingJobStatus(ApiModel):
         default_factory=list,
         description=f"The last {MAX_INCIDENTS} faults, oldest first.",
         max_length=MAX_INCIDENTS,
+    )
+    excluded_nodes: list[ExcludedNode] | None = Field(
+        default=None,
+        description=(
+            "Nodes where a trainer pod failed its heartbeats, was lost with its node, or never "
+            "started: trainer pods created afterwards prefer every other node (a preferred "
+            "node anti-affinity, so they still land there when no other node fits). Kept for "
+            f"the job's life, the newest {MAX_EXCLUDED_NODES}, oldest first."
+        ),
+        max_length=MAX_EXCLUDED_NODES,
     )
     goodput: str | None = Field(
         default=None,

@@ -19,13 +19,18 @@ The rules, in the order a pass applies them:
    `faultTolerance.nonRetryableExitCodes` -> Failed (NonRetryableExitCode).
 6. Every trainer pod exited 0 -> Succeeded (the rendezvous pod is deleted). Once one pod has
    succeeded no pod is restarted: the training loop has ended everywhere.
-7. Faults: a trainer pod that failed, vanished or was deleted by someone else; a rank without a
-   heartbeat for `heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds` (ft_launcher had its
-   chance to restart the workers inside the pod first); a job whose slowest step did not advance
-   for `progressTimeoutSeconds`; the rendezvous pod lost. `RankRestart` replaces only the faulty
-   pod (spending `rankRestartBudget`); when that budget is spent, when every pod is faulty, when
-   the rendezvous is lost, or with `restartStrategy: FullRestart`, every pod is restarted
-   (spending `fullRestartBudget`); when that is spent -> Failed (RestartBudgetExceeded).
+7. Faults: a trainer pod that failed, vanished or was deleted by someone else; a pod on a lost
+   node (NotReady/unreachable) whose heartbeats stopped (`NodeLost`: force-deleted); a pod still
+   Pending `podStartTimeoutSeconds` after its creation (`PodStartTimeout`; why it does not start
+   shows at once in the `PodsNotStarting` condition); a rank without a heartbeat for
+   `heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds`, counted per pod (ft_launcher had
+   its chance to restart the workers inside the pod first); a job whose slowest step did not
+   advance for `progressTimeoutSeconds`; the rendezvous pod lost. The node of a pod that missed
+   its heartbeats, was lost with its node or never started there is excluded: trainer pods
+   created afterwards prefer other nodes (`status.excludedNodes`). `RankRestart` replaces only
+   the faulty pod (spending `rankRestartBudget`); when that budget is spent, when every pod is
+   faulty, when the rendezvous is lost, or with `restartStrategy: FullRestart`, every pod is
+   restarted (spending `fullRestartBudget`); when that is spent -> Failed (RestartBudgetExceeded).
 8. Missing pods are created. The rendezvous pod is created only when no trainer pod is still
    terminating, and trainer pods only when the rendezvous pod is up or being created: a full
    restart therefore tears everything down before it starts again, with no extra state.
@@ -56,7 +61,7 @@ from rtj_operator.api.models import ResilientTrainingJob
 from rtj_operator.api.status import JobState
 from rtj_operator.config import OperatorSettings
 from rtj_operator.decisions import lifecycle, recovery, status
-from rtj_operator.decisions.liveness import find_faults, observe_ranks
+from rtj_operator.decisions.liveness import find_faults, lost_pods, observe_ranks
 from rtj_operator.decisions.state import Decision, DetectedFault, Memory, _Pass
 from rtj_operator.decisions.status import OPERATOR_ACTIONS, invalid_spec
 from rtj_operator.observed import Observed, RankLiveness
@@ -78,6 +83,7 @@ def decide(
     """The actions of one reconcile pass and the job's new status (see the module docstring)."""
     p = _Pass(job=job, plan=plan, observed=observed, liveness=liveness, now=now, memory=memory,
               settings=settings)
+    lost_pods(p)  # pods on lost nodes are force-deleted by whichever rule deletes them
     if p.prev.state in (JobState.SUCCEEDED, JobState.FAILED):
         return lifecycle.finished(p)  # rule 1
     lifecycle.ensure_services_and_claim(p)  # rule 2

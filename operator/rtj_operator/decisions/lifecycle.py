@@ -250,7 +250,7 @@ def create_missing(p: _Pass) -> None:
         attempt = p.next_attempt(index)
         p.create(
             builders.trainer_pod(p.job, plan=p.plan, node_index=index, attempt=attempt,
-                                 settings=p.settings),
+                                 settings=p.settings, avoid_nodes=[n.node for n in p.excluded]),
             f"trainer for node {index}, attempt {attempt}",
         )
         p.rank(index, state=RankState.PENDING, attempt=attempt,

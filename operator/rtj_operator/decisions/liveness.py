@@ -1,11 +1,22 @@
 """Rule 7, finding faults: the ranks' state from the pods and the scraped metrics, and the
 faults in them.
 
-A fault is a trainer pod that failed, vanished or was deleted by someone else; the rendezvous pod
-lost; a rank without a heartbeat for `heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds`
-(ft_launcher had its chance to restart the workers inside the pod first); or a job whose slowest
-step did not advance for `progressTimeoutSeconds` although every rank sends heartbeats. The
-timeouts count from when every pod was last (re)started or the last recovery began.
+A fault is a trainer pod that failed, vanished or was deleted by someone else; a pod whose node
+is lost (NotReady/unreachable, tainted by the node controller) and whose heartbeats stopped
+(`NodeLost`); a pod still Pending `podStartTimeoutSeconds` after it was created
+(`PodStartTimeout`); the rendezvous pod lost (gone, deleting, ended, on a lost node, or never
+started); a rank without a heartbeat for `heartbeatTimeoutSeconds +
+initialHeartbeatTimeoutSeconds` (ft_launcher had its chance to restart the workers inside the pod
+first); or a job whose slowest step did not advance for `progressTimeoutSeconds` although every
+rank sends heartbeats.
+
+The heartbeat timeout counts per pod (`_pod_clock`): from the latest of the pod's own start, the
+start of every other training pod that runs, the rendezvous pod's start and the last recovery;
+so a pod that is Terminating, being replaced or on a lost node does not switch hang detection off
+for the others. Only a pod still Pending within `podStartTimeoutSeconds` holds the others'
+heartbeat timeouts (their launchers wait for it in the rendezvous), and that deadline bounds the
+wait (`_starting_peer`). The job-wide progress timeout (`_clock_start`) still needs every active
+pod and the rendezvous pod Running: the slowest step means nothing while a pod is missing.
 
 The whole hang policy lives here, including how one pod's ranks add up (`oldest_heartbeat`,
 `completed_step`: only a pod whose every local rank answered counts); `observed.py` holds only what
@@ -19,7 +30,7 @@ from datetime import datetime, timedelta
 from rtj_operator import naming
 from rtj_operator.api.status import IncidentCause, RankState
 from rtj_operator.decisions.state import DetectedFault, _Pass, from_unix, iso
-from rtj_operator.observed import NodeLiveness
+from rtj_operator.observed import NodeLiveness, PodView
 
 
 def oldest_heartbeat(node: NodeLiveness) -> float | None:
@@ -63,9 +74,71 @@ def _node_liveness(p: _Pass, index: int) -> NodeLiveness | None:
     return node
 
 
+BENIGN_WAITING = frozenset({"ContainerCreating", "PodInitializing"})
+"""Reasons a container waits that are a normal part of starting (not shown at once)."""
+
+
+def _beating(p: _Pass, index: int) -> bool:
+    """Whether the pod's newest heartbeat is younger than heartbeatTimeoutSeconds."""
+    beat = _node_heartbeat(p, index)
+    return beat is not None and _fresh(p, beat)
+
+
+def lost_pods(p: _Pass) -> None:
+    """Record (`p.lost`) the pods that are safe to force-delete: a trainer pod on a lost node
+    whose heartbeats stopped (a pod that still answers with heartbeats is still running, and a
+    second pod of its name would join the job beside it), and the rendezvous pod on a lost node
+    (the trainers reach the rendezvous through its Service, never the old pod). Runs before
+    every rule: suspending, failing or finishing a job force-deletes these pods too."""
+    for index, pod in p.observed.trainer_pods.items():
+        if pod.node_lost and not _beating(p, index):
+            p.lost[pod.uid] = pod.node_name or ""
+    rendezvous = p.observed.rendezvous_pod
+    if rendezvous is not None and rendezvous.node_lost:
+        p.lost[rendezvous.uid] = rendezvous.node_name or ""
+
+
+def _pod_clock(p: _Pass, index: int) -> datetime | None:
+    """When the pod's heartbeat timeout starts counting: the latest of its own (re)start, the
+    start of every other training pod that runs (its workers wait for theirs), the rendezvous
+    pod's start and the last recovery. None while the pod or the rendezvous pod is not
+    running: a pod that is not running has no heartbeats to miss."""
+    pod = p.observed.trainer_pods.get(index)
+    rendezvous = p.observed.rendezvous_pod
+    if pod is None or pod.phase != "Running" or pod.deleting:
+        return None
+    if rendezvous is None or rendezvous.phase != "Running" or rendezvous.deleting:
+        return None
+    starts = [other.started_at for i, other in p.observed.trainer_pods.items()
+              if (i == index or i not in p.standby) and other.phase == "Running"
+              and not other.deleting and other.started_at is not None]
+    if rendezvous.started_at is not None:
+        starts.append(rendezvous.started_at)
+    acted = [i.acted_time for i in p.incidents if i.acted_time is not None]
+    moments = starts + acted
+    return max(moments) if moments else None
+
+
+def _starting_peer(p: _Pass) -> int | None:
+    """An active pod that is Pending within podStartTimeoutSeconds of its creation, if any.
+    Every launcher waits for it in the rendezvous, so the others send no heartbeats meanwhile:
+    their heartbeat timeouts wait, for at most podStartTimeoutSeconds (then the Pending pod is
+    a `PodStartTimeout` fault). A pod Terminating or on a lost node holds no clock."""
+    timeout = timedelta(seconds=p.spec.fault_tolerance.pod_start_timeout_seconds)
+    for index in p.active():
+        pod = p.observed.trainer_pods.get(index)
+        if (pod is not None and pod.phase == "Pending" and not pod.deleting
+                and pod.uid not in p.lost
+                and (pod.created_at is None or p.now - pod.created_at <= timeout)):
+            return index
+    return None
+
+
 def _clock_start(p: _Pass) -> datetime | None:
     """When every trainer pod was last (re)started or the last recovery began: the reference
-    from which heartbeat and progress timeouts count. None while some pod is not running."""
+    from which the job-wide progress timeout counts. None while some active pod or the
+    rendezvous pod is not running (the job's slowest step means nothing then); heartbeat
+    timeouts count per pod instead (`_pod_clock`)."""
     # Standby pods (warm spares, replacements waiting for a round) train nothing: one that is
     # pending or restarting does not stop the clocks of the pods that do.
     pods = {i: pod for i, pod in p.observed.trainer_pods.items() if i not in p.standby}
@@ -121,17 +194,50 @@ def observe_ranks(p: _Pass) -> None:
                 state = RankState.STANDBY
         p.rank(index, pod=pod.name, node=pod.node_name, attempt=pod.attempt,
                last_heartbeat_time=beat, step=step, state=state)
-    clock = _clock_start(p)
-    if clock is None:
-        return
     for index in p.active():
+        clock = _pod_clock(p, index)
         beat = p.ranks[index].last_heartbeat_time
-        if beat is not None and beat >= clock and _fresh(p, beat):
+        if clock is not None and beat is not None and beat >= clock and _fresh(p, beat):
             p.rank(index, state=RankState.RUNNING)
 
 
 def _fresh(p: _Pass, beat: datetime) -> bool:
     return p.now - beat <= timedelta(seconds=p.spec.fault_tolerance.heartbeat_timeout_seconds)
+
+
+def _lost_node_fault(p: _Pass, index: int, pod: PodView) -> DetectedFault:
+    beat = _node_heartbeat(p, index)
+    seen = f"since {iso(beat)}" if beat is not None else "ever"
+    return DetectedFault(
+        IncidentCause.NODE_LOST, index, p.now,
+        f"node {pod.node_name} of pod {pod.name} is lost (Ready={pod.node_ready}, tainted "
+        f"unreachable/not-ready) and the pod sent no heartbeat {seen}: force-deleting it",
+        node=pod.node_name,
+    )
+
+
+def _not_starting(p: _Pass, pod: PodView, index: int | None) -> DetectedFault | None:
+    """Record why a Pending pod does not start (shown at once in the PodsNotStarting
+    condition); past podStartTimeoutSeconds from its creation it is a fault."""
+    if pod.phase != "Pending" or pod.deleting:
+        return None
+    timeout = p.spec.fault_tolerance.pod_start_timeout_seconds
+    problem = pod.start_problem
+    late = pod.created_at is not None and p.now - pod.created_at > timedelta(seconds=timeout)
+    if problem is not None and (late or problem[0] not in BENIGN_WAITING):
+        p.not_starting.append((pod.name, problem[0], problem[1]))
+    elif late:
+        p.not_starting.append((pod.name, IncidentCause.POD_START_TIMEOUT, "still Pending"))
+    if not late or pod.created_at is None:
+        return None
+    why = f"{problem[0]}: {problem[1]}" if problem is not None else "no reason given"
+    where = f"on node {pod.node_name}" if pod.node_name else "unscheduled"
+    return DetectedFault(
+        IncidentCause.POD_START_TIMEOUT, index, p.now,
+        f"pod {pod.name} is still Pending {where} since {iso(pod.created_at)} "
+        f"(podStartTimeoutSeconds={timeout}): {why}",
+        whole_job=index is None, node=pod.node_name,
+    )
 
 
 def find_faults(p: _Pass) -> list[DetectedFault]:
@@ -141,6 +247,18 @@ def find_faults(p: _Pass) -> list[DetectedFault]:
         pod = pods.get(index)
         state = (p.prev_ranks.get(index).state  # type: ignore[union-attr]
                  if index in p.prev_ranks else None)
+        if pod is not None and pod.uid in p.lost:
+            if pod.deleting and state in (RankState.RESTARTING, RankState.SUSPENDED, None):
+                # Already being replaced, but its kubelet will never confirm: free its name.
+                p.delete_pod(pod, "its replacement waits for the name")
+            else:
+                faults.append(_lost_node_fault(p, index, pod))
+            continue
+        if pod is not None:
+            late = _not_starting(p, pod, index)
+            if late is not None:
+                faults.append(late)
+                continue
         if pod is None:
             if state in (RankState.STARTING, RankState.RUNNING, RankState.PENDING,
                      RankState.STANDBY):
@@ -159,32 +277,41 @@ def find_faults(p: _Pass) -> list[DetectedFault]:
                                 f"pod {pod.name} failed ({why})"))
     rendezvous = p.observed.rendezvous_pod
     live_trainers = [pod for pod in pods.values() if not pod.deleting]
+    lost = rendezvous is not None and rendezvous.uid in p.lost
     if live_trainers and (
-        rendezvous is None or rendezvous.deleting or rendezvous.terminated
+        rendezvous is None or rendezvous.deleting or rendezvous.terminated or lost
     ):
         # The store and the rounds are gone: every launcher fails; restart everything.
         detail = "is gone" if rendezvous is None else (
-            "is being deleted" if rendezvous.deleting else f"ended ({rendezvous.phase})")
+            f"is on lost node {rendezvous.node_name} (Ready={rendezvous.node_ready})" if lost
+            else "is being deleted" if rendezvous.deleting else f"ended ({rendezvous.phase})")
         faults.append(DetectedFault(IncidentCause.RENDEZVOUS_LOST, None, p.now,
                             f"rendezvous pod {naming.rendezvous_name(p.job.name)} {detail}",
-                            whole_job=True))
+                            whole_job=True,
+                            node=rendezvous.node_name if lost and rendezvous else None))
+    elif rendezvous is not None and rendezvous.deleting and lost:
+        p.delete_pod(rendezvous, "a new rendezvous pod waits for the name")
+    elif rendezvous is not None:
+        late = _not_starting(p, rendezvous, None)
+        if late is not None and live_trainers:
+            faults.append(late)
     if not faults:
         faults.extend(_liveness_faults(p))
     return faults
 
 
 def _liveness_faults(p: _Pass) -> list[DetectedFault]:
-    """Hangs: no heartbeat, or no progress although every rank sends heartbeats."""
-    clock = _clock_start(p)
-    if clock is None:
-        p.progress_step, p.progress_since = None, None
-        return []
+    """Hangs: no heartbeat (per pod), or no progress although every rank sends heartbeats."""
     ft = p.spec.fault_tolerance
     hang_after = timedelta(
         seconds=ft.heartbeat_timeout_seconds + ft.initial_heartbeat_timeout_seconds
     )
     faults: list[DetectedFault] = []
+    starting = _starting_peer(p)
     for index in p.active():
+        clock = _pod_clock(p, index)
+        if clock is None or (starting is not None and starting != index):
+            continue
         beat = p.ranks[index].last_heartbeat_time
         evidence = beat if beat is not None and beat >= clock else clock
         if p.now - evidence > hang_after:
@@ -195,9 +322,14 @@ def _liveness_faults(p: _Pass) -> list[DetectedFault]:
                 f"no heartbeat from pod {naming.trainer_pod_name(p.job.name, index)} {seen} "
                 f"(heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds = "
                 f"{int(hang_after.total_seconds())} s)",
+                node=p.observed.trainer_pods[index].node_name,
             ))
     if faults:
         return faults
+    clock = _clock_start(p)
+    if clock is None:
+        p.progress_step, p.progress_since = None, None
+        return []
 
     steps = {i: p.ranks[i].step for i in p.active()}
     nodes = [_node_liveness(p, i) for i in p.active()]

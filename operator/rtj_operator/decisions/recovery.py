@@ -26,7 +26,8 @@ from rtj_operator.api.status import (
 from rtj_operator.decisions import status
 from rtj_operator.decisions.state import Decision, DetectedFault, _Pass
 
-LOST = (IncidentCause.POD_FAILED, IncidentCause.POD_VANISHED, IncidentCause.POD_DELETED)
+LOST = (IncidentCause.POD_FAILED, IncidentCause.POD_VANISHED, IncidentCause.POD_DELETED,
+        IncidentCause.NODE_LOST)
 """Faults whose processes are gone, which a warm spare can take over."""
 
 
@@ -55,7 +56,10 @@ def _spares_first(p: _Pass, faults: list[DetectedFault]) -> list[DetectedFault]:
 
 
 def recover(p: _Pass, faults: list[DetectedFault], start_time: datetime) -> Decision | None:
-    """Spend the cheapest budget that can fix the faults, or fail the job."""
+    """Exclude the nodes the faults accuse, then spend the cheapest budget that can fix the
+    faults, or fail the job."""
+    for fault in faults:
+        p.exclude_node(fault)
     faults = _spares_first(p, faults)
     if not faults:
         return None

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from rtj_operator.api.models import ResilientTrainingJob
 from rtj_operator.api.status import (
+    MAX_EXCLUDED_NODES,
+    ExcludedNode,
     Incident,
     IncidentCause,
     RankStatus,
@@ -68,6 +70,9 @@ class DetectedFault:
     message: str
     whole_job: bool = False
     """Only a restart of every pod can fix it (the rendezvous is lost, every pod failed)."""
+    node: str | None = None
+    """The Kubernetes node of the faulty pod, set only when the fault is evidence against the
+    node (heartbeats stopped, node lost, never started there): new trainer pods avoid it."""
 
 
 def iso(moment: datetime) -> str:
@@ -147,6 +152,13 @@ class _Pass:
         """When the operator's budgeted restarts happened, per kind (status.restartRecords)."""
         self.standby: set[int] = set()
         """Pods whose ranks train nothing now: warm spares and `waiting` (liveness.py)."""
+        self.lost: dict[str, str] = {}
+        """Pods (by UID) on a lost node whose heartbeats stopped, with the node's name: their
+        deletion is a force delete (liveness.lost_pods)."""
+        self.excluded: list[ExcludedNode] = list(self.prev.excluded_nodes or [])
+        """Nodes new trainer pods avoid (status.excludedNodes)."""
+        self.not_starting: list[tuple[str, str, str]] = []
+        """Pods that do not start: (pod, reason, message), for the PodsNotStarting condition."""
 
     def restarts_within(self, action: RecoveryAction, since: datetime) -> int:
         """How many restarts of a kind the job spent since `since` (the budget window)."""
@@ -178,10 +190,32 @@ class _Pass:
         )
 
     def delete_pod(self, pod: PodView, why: str) -> None:
+        """Delete a pod (once: one already deleting is left to finish), or force-delete it when
+        its node is lost, deleting or not: its kubelet would never confirm the delete."""
+        if any(isinstance(a, DeletePod) and a.uid == pod.uid for a in self.actions):
+            return  # already decided in this pass
+        node = self.lost.get(pod.uid)
+        if node is not None:
+            self.actions.append(DeletePod(pod.name, pod.uid, force=True))
+            self.event("Warning", "ForceDeletedPod",
+                       f"Force-deleted pod {pod.name} (its node {node} is lost): {why}")
+            return
         if pod.deleting:
             return
         self.actions.append(DeletePod(pod.name, pod.uid))
         self.event("Normal", "DeletedPod", f"Deleted pod {pod.name}: {why}")
+
+    def exclude_node(self, fault: DetectedFault) -> None:
+        """New trainer pods avoid the node of this fault (status.excludedNodes); a node already
+        excluded moves to the end with the new evidence."""
+        if fault.node is None:
+            return
+        kept = [n for n in self.excluded if n.node != fault.node]
+        entry = ExcludedNode(node=fault.node, reason=fault.cause, since=whole_second(self.now),
+                             node_index=fault.node_index, message=fault.message[:1024])
+        self.excluded = [*kept, entry][-MAX_EXCLUDED_NODES:]
+        self.event("Warning", "NodeExcluded",
+                   f"New trainer pods avoid node {fault.node} ({fault.cause}): {fault.message}")
 
     def add_incident(
         self, fault: DetectedFault, action: RecoveryAction, message: str | None = None

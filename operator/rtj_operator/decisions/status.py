@@ -7,7 +7,7 @@ are what the next pass starts from (see `state.Memory`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
 from datetime import datetime
 from typing import Any
 
@@ -124,10 +124,24 @@ def running(p: _Pass, start_time: datetime) -> Decision:
     written = build(
         p, state=state, reason=reason, message=message,
         conditions={ConditionType.RUNNING: all_ready, ConditionType.READY: all_ready,
-                    ConditionType.RECOVERING: recovering},
-        start_time=start_time, ready_nodes=ready,
+                    ConditionType.RECOVERING: recovering,
+                    ConditionType.PODS_NOT_STARTING: bool(p.not_starting)},
+        start_time=start_time, ready_nodes=ready, details=_not_starting_detail(p),
     )
     return decision(p, written)
+
+
+def _not_starting_detail(p: _Pass) -> dict[ConditionType, tuple[str, str]]:
+    """The PodsNotStarting condition's own reason (the scheduler's or kubelet's, of the first
+    pod) and message (every pod that does not start, and why)."""
+    if not p.not_starting:
+        return {}
+    word = re.sub(r"[^A-Za-z0-9_]", "", p.not_starting[0][1]) or "PodNotStarting"
+    message = "; ".join(f"pod {pod}: {reason}: {why}" for pod, reason, why in p.not_starting)
+    timeout = p.spec.fault_tolerance.pod_start_timeout_seconds
+    return {ConditionType.PODS_NOT_STARTING: (
+        word if word[0].isalpha() else f"P{word}",
+        f"{message} (replaced after podStartTimeoutSeconds={timeout})")}
 
 
 # --- the status ---------------------------------------------------------------------------------
@@ -195,24 +209,24 @@ def checkpoint_staleness(
 
 def _conditions(
     p: _Pass, truths: dict[ConditionType, bool], reason: str, message: str,
-    own: Mapping[ConditionType, tuple[str, str]],
+    details: dict[ConditionType, tuple[str, str]] | None = None,
 ) -> list[Condition]:
-    """Every condition type; lastTransitionTime moves only when a status flips. A type in `own`
-    has its own reason and message; the others share the job's."""
+    """Every condition type; lastTransitionTime moves only when a status flips. A condition in
+    `details` has its own reason and message instead of the job's."""
     previous = {c.type: c for c in p.prev.conditions}
     result = []
     for kind in ConditionType:
         status: ConditionStatus = "True" if truths.get(kind, False) else "False"
         before = previous.get(kind)
         moved = before is None or before.status != status
-        kind_reason, kind_message = own.get(kind, (reason, message))
+        own_reason, own_message = (details or {}).get(kind, (reason, message))
         result.append(Condition(
             type=kind,
             status=status,
             observed_generation=p.job.metadata.generation,
             last_transition_time=p.now if moved or before is None else before.last_transition_time,
-            reason=kind_reason,
-            message=kind_message if status == "True" else "",
+            reason=own_reason[:1024],
+            message=own_message[:32768] if status == "True" else "",
         ))
     return result
 
@@ -227,6 +241,7 @@ def build(
     start_time: datetime | None,
     ready_nodes: int,
     completion_time: datetime | None = None,
+    details: dict[ConditionType, tuple[str, str]] | None = None,
 ) -> ResilientTrainingJobStatus:
     """The complete status of this pass. Only the fields it knows are set: one left out keeps
     its value on the object (the status is written as a merge patch)."""
@@ -248,7 +263,7 @@ def build(
     fields: dict[str, Any] = {
         "observed_generation": p.job.metadata.generation,
         "conditions": _conditions(p, {**conditions, ConditionType.CHECKPOINT_STALE: stale},
-                                  reason, message, own),
+                                  reason, message, {**(details or {}), **own}),
         "state": state,
         "reason": reason,
         "message": message[:32768],
@@ -277,6 +292,8 @@ def build(
                                                      JobState.PENDING) else 0,
             waiting=sorted(p.waiting),
         )
+    if p.excluded or p.prev.excluded_nodes is not None:
+        fields["excluded_nodes"] = p.excluded
     if start_time is not None:
         fields["start_time"] = whole_second(start_time)
     completion = completion_time or p.prev.completion_time

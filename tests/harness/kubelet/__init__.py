@@ -3,7 +3,10 @@
 One process (`python -m harness.kubelet`) plays kubelet for N nodes:
 
 * registers the Node objects (p5.48xlarge capacity and labels), keeps them Ready and renews their
-  Leases; a test can mark a node NotReady (heartbeats stop, Ready=False) and Ready again;
+  Leases (on a heartbeat thread); a test can mark a node NotReady (heartbeats stop, Ready=False)
+  and Ready again, partition it (no heartbeats, no pod status, deletions and starts held back,
+  its pods' processes frozen) and heal it (catch up like a reconnecting kubelet), or make it
+  refuse new pods with a kubelet waiting reason (ErrImagePull, CreateContainerConfigError...);
 * for every pod the real kube-scheduler binds to one of its nodes it allocates a loopback pod IP
   (127.a.b.c), resolves the container env like kubelet, and runs each container's command+args
   as a host process tree (see `podinit`: own mount/UTS namespace, hostname, private /tmp,
@@ -20,12 +23,14 @@ One process (`python -m harness.kubelet`) plays kubelet for N nodes:
 Simplifications (documented for test authors): restartPolicy Always/OnFailure restart a container
 in place with kubelet's back-off (at once, then 10 s doubling); init containers, probes and image
 entrypoints are not supported (a container without `command` leaves its pod Pending with
-CreateContainerError); a NotReady node keeps its processes running (like a network partition);
+CreateContainerError); a NotReady node keeps its processes running and still acts on the API;
+a partitioned node freezes its pods' processes rather than keep them running cut off;
 `kubectl logs` does not work (read `<run_dir>/pods/<ns>_<pod>_<container>.log`); a ClusterIP
 Service name resolves to its backing pod's IP, so clients use the target port.
 
 Design: informer threads (pods, services, PVCs) and process-exit waiters only enqueue events; a
-single reconcile thread owns all state and makes every decision and API write.
+single reconcile thread owns all state and makes every decision and API write, except the
+heartbeat thread's Lease renewals and periodic node status (under `heartbeat_lock`, see `state`).
 
 Layout: one owner, `loop.Kubelet`, built as a chain of classes, one module per part, each adding
 to the one below: `state` (every record, in one place) -> `nodes` (registration, status, leases)

@@ -21,7 +21,9 @@ class DnsMixin(ControlsMixin):
             if not other.alive or other.kill_deadline is not None or other.vanished:
                 continue
             pod = self.pod_by_uid(other.uid)
-            labels = (pod or {}).get("metadata", {}).get("labels", {}) or {}
+            if pod is None:  # force-deleted while its node is partitioned: not served any more
+                continue
+            labels = pod["metadata"].get("labels", {}) or {}
             running.append(
                 RunningPod(
                     namespace=other.namespace,

@@ -21,7 +21,6 @@ from typing import Any
 from harness import cgroups
 from harness.controlapi import start_control_server
 from harness.kubeapi import JsonObject, KubeApi
-from harness.kubelet.nodes import LEASE_RENEW_SECONDS, NODE_STATUS_SECONDS
 from harness.kubelet.runtime import RuntimeMixin
 from harness.kubelet.state import log, os_killpg, pod_path
 from harness.nodestate import (
@@ -42,6 +41,7 @@ class Kubelet(RuntimeMixin):
         for directory in (self.logs_dir, self.data_dir, self.shared_dir):
             directory.mkdir(parents=True, exist_ok=True)
         self.register_nodes()
+        self.start_heartbeats()
         self.ensure_storage_class()
         for kind, path in (
             ("pod", "/api/v1/pods"),
@@ -137,7 +137,8 @@ class Kubelet(RuntimeMixin):
     def tick(self) -> None:
         now = time.monotonic()
         for run in list(self.runs.values()):
-            self.restart_due_containers(run)
+            if not self.cut_off(run.node):  # a partitioned node's pods are frozen as a whole
+                self.restart_due_containers(run)
             if run.kill_deadline is not None and now >= run.kill_deadline and run.alive:
                 log(f"{run.namespace}/{run.name}: grace period over, SIGKILL")
                 self.signal_pod(run, signal.SIGKILL)
@@ -148,16 +149,6 @@ class Kubelet(RuntimeMixin):
                 self.waiting.pop(uid, None)
             else:
                 self.reconcile(pod)
-        if now - self._last_lease >= LEASE_RENEW_SECONDS:
-            self._last_lease = now
-            for node in self.nodes:
-                if self.node_ready[node]:
-                    self.renew_lease(node)
-        if now - self._last_node_status >= NODE_STATUS_SECONDS:
-            self._last_node_status = now
-            for node in self.nodes:
-                if self.node_ready[node]:
-                    self.post_node_status(node)
 
     def on_pod(self, event_type: str, pod: JsonObject) -> None:
         meta = pod["metadata"]
@@ -182,8 +173,8 @@ class Kubelet(RuntimeMixin):
     def reconcile(self, pod: JsonObject) -> None:
         """Decide what a pod bound to one of our nodes needs: start, terminate, or nothing."""
         meta, spec = pod["metadata"], pod.get("spec", {})
-        if spec.get("nodeName") not in self.node_ready:
-            return
+        if spec.get("nodeName") not in self.node_ready or self.cut_off(spec["nodeName"]):
+            return  # not ours, or partitioned: `heal_node` reconciles it again
         uid = meta["uid"]
         run = self.runs.get(uid)
         if meta.get("deletionTimestamp"):
@@ -217,17 +208,21 @@ class Kubelet(RuntimeMixin):
 
     def finish_deletion(self, pod: JsonObject) -> None:
         uid = pod["metadata"]["uid"]
-        if uid in self.delete_requested:
+        if uid in self.delete_requested or self.cut_off(pod["spec"].get("nodeName")):
             return
         self.delete_requested.add(uid)
         self.api.delete(pod_path(pod), {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}})
 
     def pod_vanished(self, uid: str) -> None:
         self.waiting.pop(uid, None)
+        self.image_pulls.pop(uid, None)
         self.delete_requested.discard(uid)
         self.done.discard(uid)
         run = self.runs.get(uid)
         if run is None:
+            return
+        if self.cut_off(run.node):  # the kubelet cannot know yet; `heal_node` kills them
+            log(f"{run.namespace}/{run.name} is gone from the API; its node is partitioned")
             return
         run.vanished = True
         for container in run.containers.values():
@@ -282,6 +277,67 @@ class Kubelet(RuntimeMixin):
         self.cleanup(run)
         self.done.add(run.uid)
         self.report_status(run)
+
+    def partition_node(self, name: str) -> JsonObject:
+        """Cut the node off the API, as a network partition does.
+
+        From now on it renews no Lease and posts no node or pod status, and does not act on its
+        pods' API objects: deletions are not carried out (the pods stay Terminating), pods bound
+        to it are not started, and a pod that vanishes from the API (force-deleted) keeps its
+        processes. Those processes, like every process of the node's pods, are frozen (cgroup
+        freezer, SIGSTOP without cgroups): the harness cannot keep a cut-off pod running yet
+        unable to reach anything, so it stops it. `heal_node` undoes all of it.
+        """
+        self.require_node(name)
+        with self.heartbeat_lock:  # no renewal of this node starts after this point
+            self.partitioned.add(name)
+        frozen = []
+        for run in self.runs.values():
+            if run.node == name and run.alive and not run.vanished:
+                self.freeze_run(run, True)
+                frozen.append(f"{run.namespace}/{run.name}")
+        log(f"{name} partitioned; frozen {frozen}")
+        return {"node": name, "partitioned": True, "frozen": frozen}
+
+    def heal_node(self, name: str) -> JsonObject:
+        """Reconnect the node and let it catch up, as a kubelet does after a partition.
+
+        The processes of pods force-deleted meanwhile are SIGKILLed while still frozen (they
+        never run again); every other pod of the node is thawed. Then the node renews its Lease
+        and posts Ready, reports the status of its pods, and reconciles every pod bound to it:
+        pods deleted meanwhile are terminated (SIGTERM, grace) and removed, pods bound to it
+        meanwhile start.
+        """
+        self.require_node(name)
+        if name not in self.partitioned:
+            return {"node": name, "partitioned": False, "killed": []}
+        runs = [r for r in self.runs.values() if r.node == name and not r.vanished]
+        live = {pod["metadata"]["uid"] for pod in self.pods.values()}
+        gone = [run for run in runs if run.uid not in live]
+        for run in gone:
+            if run.alive:
+                self.signal_pod(run, signal.SIGKILL)  # pending before the thaw: no code runs
+        for run in runs:
+            if run.alive:
+                self.freeze_run(run, False)
+        with self.heartbeat_lock:
+            self.partitioned.discard(name)
+            self.node_transition[name] = now_rfc3339()
+            if self.node_ready[name]:
+                self.renew_lease(name)
+                self.post_node_status(name)
+        for run in gone:
+            self.pod_vanished(run.uid)
+        for run in runs:
+            if run not in gone:
+                self.report_status(run)
+        for pod in list(self.pods.values()):
+            if pod.get("spec", {}).get("nodeName") == name:
+                self.reconcile(pod)
+        self.refresh_hosts()
+        killed = [f"{run.namespace}/{run.name}" for run in gone]
+        log(f"{name} healed; killed the processes of force-deleted pods {killed}")
+        return {"node": name, "partitioned": False, "killed": killed}
 
     def shutdown(self) -> None:
         log("shutting down: killing every pod process")

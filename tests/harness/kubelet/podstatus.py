@@ -19,7 +19,7 @@ class PodStatusMixin(DnsMixin):
 
     def report_status(self, run: PodRun) -> None:
         pod = self.pod_by_uid(run.uid)
-        if pod is None:
+        if pod is None or self.cut_off(run.node):  # a partitioned node posts nothing
             return
         containers = [run.containers[c["name"]].status() for c in pod["spec"]["containers"]]
         ready = run.alive and all(c["ready"] for c in containers)

@@ -86,6 +86,10 @@ class RuntimeMixin(PodStatusMixin):
     def start_pod(self, pod: JsonObject) -> None:
         meta, spec = pod["metadata"], pod["spec"]
         uid = meta["uid"]
+        refused = self.refusal_of(pod)
+        if refused is not None:  # retried every tick, like kubelet retries a failed pod sync
+            self.note_waiting(pod, refused)
+            return
         no_command = [c["name"] for c in spec["containers"] if not c.get("command")]
         if no_command:  # permanent: the pod stays Pending (no crash loop, no churn)
             message = f"harness nodes run only explicit commands; none for {no_command}"
@@ -109,15 +113,13 @@ class RuntimeMixin(PodStatusMixin):
             ]
         except NotReadyToStart as waiting:
             self.ips.release(ip)
-            if self.waiting.get(uid) != waiting.message:
-                self.waiting[uid] = waiting.message
-                log(f"{meta['namespace']}/{meta['name']}: waiting: {waiting.message}")
-                self.report_waiting(pod, waiting)
+            self.note_waiting(pod, waiting)
             return
         except Exception:
             self.ips.release(ip)
             raise
         self.waiting.pop(uid, None)
+        self.image_pulls.pop(uid, None)
         run = PodRun(
             uid=uid,
             namespace=meta["namespace"],
@@ -145,6 +147,14 @@ class RuntimeMixin(PodStatusMixin):
         self.report_status(run)
         self.annotate(run)
         self.refresh_hosts()
+
+    def note_waiting(self, pod: JsonObject, waiting: NotReadyToStart) -> None:
+        """Keep the pod for a retry next tick; report its Waiting state when that changed."""
+        meta, key = pod["metadata"], f"{waiting.reason}: {waiting.message}"
+        if self.waiting.get(meta["uid"]) != key:
+            self.waiting[meta["uid"]] = key
+            log(f"{meta['namespace']}/{meta['name']}: waiting: {key}")
+            self.report_waiting(pod, waiting)
 
     def volume_sources(self, pod: JsonObject, pod_dir: Path) -> dict[str, Path]:
         """Host directory (or file) backing each pod volume."""

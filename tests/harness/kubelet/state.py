@@ -3,7 +3,9 @@
 `KubeletState` holds every node and pod record. The behaviour is layered on it as a chain of
 classes, one module each (nodes -> provisioner -> controls -> dns -> podstatus -> runtime ->
 loop), so that `harness.kubelet.loop.Kubelet` is one object owning all of it: only its reconcile
-thread touches this state (see the package docstring). The chain, rather than independent mixins,
+thread touches this state (see the package docstring), except the heartbeat thread (`nodes`), which
+reads `node_ready`, `partitioned` and `node_transition` under `heartbeat_lock`; the reconcile
+thread changes those only while holding that lock. The chain, rather than independent mixins,
 lets each layer call the layers below it with full type checking.
 """
 
@@ -65,13 +67,23 @@ class KubeletState:
         self.waiting: dict[str, str] = {}
         self.done: set[str] = set()
         self.delete_requested: set[str] = set()
+        self.partitioned: set[str] = set()
+        self.refusals: dict[str, tuple[str, str]] = {}
+        self.image_pulls: dict[str, tuple[float, int]] = {}
+        self.heartbeat_lock = threading.Lock()
         self.provisioned: dict[str, tuple[str, Path]] = {}
         self.mountpoint_refs: Counter[Path] = Counter()
         self.cgroups = cgroups.CgroupTree.create(f"rtj-harness-{os.getpid()}")
         self.stopping = threading.Event()
         self.control_url = ""
-        self._last_lease = 0.0
-        self._last_node_status = 0.0
+
+    def cut_off(self, node: str | None) -> bool:
+        """Whether `node` is partitioned: its kubelet must not act on the API for its pods."""
+        return node in self.partitioned
+
+    def require_node(self, name: str) -> None:
+        if name not in self.node_ready:
+            raise KeyError(f"no harness node {name!r}")
 
     def pod_by_uid(self, uid: str) -> JsonObject | None:
         return next((p for p in self.pods.values() if p["metadata"]["uid"] == uid), None)

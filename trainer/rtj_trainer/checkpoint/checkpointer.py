@@ -14,12 +14,17 @@ Why this shape:
   (rtj_trainer.checkpoint.store), the other ranks see the manifest appear. `load_latest` is the
   one collective: every rank validates its own shard and they agree with an all-reduce, falling
   back to the previous checkpoint if any rank finds a problem.
+- **A node-local fast tier** (`checkpoint.local_dir`, off by default; rtj_trainer.checkpoint.local):
+  the writer also keeps each save in RAM on the node, and `load_latest` first asks every rank
+  which local copies it holds; the newest one they all hold (if not older than the newest commit)
+  is loaded from RAM, without reading or hashing the shared store.
 - **A synchronous mode for comparison** writes in the training process, then barriers and commits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -42,6 +47,14 @@ from .format import (
     read_shard,
     shard_file_name,
     shard_record_name,
+    step_of,
+)
+from .local import (
+    common_newest,
+    discard_local_copies,
+    local_copies,
+    local_copy_dir,
+    remove_partial_copies,
 )
 from .staging import HostStaging, flatten_state, plan_layout, stage_to_host
 from .store import (
@@ -94,9 +107,13 @@ class CheckpointStats:
 @dataclass(frozen=True, slots=True)
 class LoadedCheckpoint:
     directory: Path
-    manifest: Manifest
+    """The checkpoint's directory on the shared store (it need not exist for a local copy)."""
+    manifest: Manifest | None
+    """None for a node-local copy of a step not (yet) committed."""
     state: dict[str, Any]
     rejected: tuple[str, ...]
+    source: str = "store"
+    """"store" (the shared store) or "local" (every rank's node-local copy)."""
 
 
 class Checkpointer:
@@ -132,6 +149,10 @@ class Checkpointer:
         self._staging = HostStaging()
         self._deleter = BackgroundDeleter()
         self._queue: Any = None
+        self._local: Path | None = None
+        if cfg.local_dir:
+            self._local = local_copy_dir(Path(cfg.local_dir), root, rank, world_size)
+            remove_partial_copies(self._local)  # no writer of this rank runs yet
         root.mkdir(parents=True, exist_ok=True)
         newest = committed_checkpoints(root)
         if newest:
@@ -202,6 +223,10 @@ class Checkpointer:
         )
         pending = _Pending(step, directory, time.time(), 0.0,
                            wait_seconds=waited - began, copy_seconds=copied - waited)
+        writer = write_shard
+        if self._local is not None:
+            writer = functools.partial(write_shard,
+                                       local_copy=(str(self._local), step, self.identity))
         if self.cfg.mode == "async":
             from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
 
@@ -209,12 +234,12 @@ class Checkpointer:
                 pending.written = True
 
             request = AsyncRequest(
-                write_shard, (*args, True, self.cfg.test_write_delay_seconds), [finalize]
+                writer, (*args, True, self.cfg.test_write_delay_seconds), [finalize]
             )
             self._async_queue().schedule_async_request(request)
             self._pending.append(pending)
         else:
-            write_shard(*args, False, self.cfg.test_write_delay_seconds)
+            writer(*args, False, self.cfg.test_write_delay_seconds)
             pending.written = True
             self._pending.append(pending)
             pending.stall_seconds = time.perf_counter() - began  # so far; the commit logs it
@@ -326,6 +351,11 @@ class Checkpointer:
         dist.broadcast_object_list(names, src=0)
         if names[1] is not None:
             raise WorldSizeChangedError(names[1])
+        if self._local is not None:
+            newest_committed = max((step_of(n) or -1 for n in names[0]), default=-1)
+            local = self._load_local(newest_committed)
+            if local is not None:
+                return local
         rejected: list[str] = []
         for name in names[0]:
             directory = self.root / name
@@ -344,6 +374,45 @@ class Checkpointer:
             self._resumed_from = directory
             return LoadedCheckpoint(directory, manifest, state, tuple(rejected))
         return None
+
+    def _load_local(self, newest_committed: int) -> LoadedCheckpoint | None:
+        """Collective: the newest node-local copy every rank holds, if not older than the newest
+        commit (and, for a committed step, the size its manifest records), or None."""
+        assert self._local is not None
+        mine = local_copies(self._local)
+        held: list[Any] = [None] * self.world_size
+        dist.all_gather_object(held, [(c.step, c.identity) for c in mine])
+        chosen = common_newest(held, at_least=max(newest_committed, 0))
+        if chosen is None:
+            return None
+        step, identity = chosen
+        copy = next(c for c in mine if (c.step, c.identity) == chosen)
+        directory = self.root / checkpoint_dir_name(step, identity)
+        state: dict[str, Any] | None = None
+        manifest: Manifest | None = None
+        problem = ""
+        try:
+            if (directory / MANIFEST).exists():
+                manifest = read_manifest(directory)
+                expected = next(s.bytes for s in manifest.shards if s.rank == self.rank)
+                if copy.path.stat().st_size != expected:
+                    raise CheckpointError(f"{copy.path.name}: {copy.path.stat().st_size} bytes, "
+                                          f"the manifest records {expected}")
+            state = read_shard(copy.path)
+        except (CheckpointError, OSError) as exc:
+            problem = str(exc)
+        if not self._agree(state is not None):
+            log.warning("not resuming from the node-local copies of step %d: %s", step,
+                        problem or "another rank could not read its copy")
+            return None
+        assert state is not None
+        self._resumed_from = directory
+        return LoadedCheckpoint(directory, manifest, state, (), source="local")
+
+    def discard_local_copies(self) -> None:
+        """The job finished: free this rank's node-local copies."""
+        if self._local is not None:
+            discard_local_copies(self._local)
 
     def close(self, *, abort: bool = False) -> None:
         if self._queue is not None:

@@ -9,6 +9,10 @@ Why this shape:
 - **A writer dies with its trainer** (`PR_SET_PDEATHSIG`, armed by `arm_writer` as the first
   request to a fresh NVRx worker), so a killed rank cannot leave a writer behind that later
   completes a stale shard.
+- **The node-local copy first** (`local_copy`, see rtj_trainer.checkpoint.local): the same
+  bytes go to a file in RAM (/dev/shm) before the shared store, so a restart in the same pod has
+  them about a second after the save instead of after the commit. A failed local copy is only
+  recorded (`local_seconds` -1); the shared write goes on.
 - **Failures never kill the persistent worker:** a failed write leaves `<record>.error` and no
   shard record, so the checkpoint simply never commits.
 """
@@ -38,6 +42,7 @@ from .format import (
     ShardRecord,
     encode_header,
 )
+from .local import write_local_copy
 from .staging import TensorLayout
 
 
@@ -104,11 +109,15 @@ def write_shard(
     delay_seconds: float,
     chunk_bytes: int = WRITE_CHUNK_BYTES,
     threads: int = WRITE_THREADS,
+    *,
+    local_copy: tuple[str, int, str] | None = None,
 ) -> None:
     """Write one rank's shard durably, then its record; failures leave a `.error` file instead.
 
     File = `encode_header(...)` then the blob's raw bytes. Chunk 0 is the header, then the blob
     in `chunk_bytes` pieces; `threads` threads hash and pwrite them; one fsync at the end.
+    `local_copy` = (folder, step, identity): first write the same bytes as this rank's node-local
+    copy there.
     """
     if in_worker:
         _die_with_parent()
@@ -120,6 +129,14 @@ def write_shard(
         began = time.perf_counter()
         data = _byte_view(blob)
         header = encode_header(skeleton, layout, len(data))
+        local_seconds = 0.0
+        if local_copy is not None:
+            try:
+                write_local_copy(Path(local_copy[0]), local_copy[1], local_copy[2], header, data,
+                                 threads=threads)
+                local_seconds = time.perf_counter() - began
+            except OSError:
+                local_seconds = -1.0
         pieces = [(memoryview(header), 0)] + [
             (data[start : start + chunk_bytes], len(header) + start)
             for start in range(0, len(data), max(1, chunk_bytes))
@@ -149,7 +166,8 @@ def write_shard(
             {"seconds": round(time.perf_counter() - began, 4),
              "write_seconds": round(written - began, 4),
              "fsync_seconds": round(synced - written, 4),
-             "threads": float(workers)},
+             "threads": float(workers),
+             "local_seconds": round(local_seconds, 4)},
         )
         write_json_atomic(Path(record_path), record.to_json())
     except Exception as exc:  # keep the persistent worker alive; the checkpoint never commits

@@ -1,0 +1,525 @@
+"""A fault campaign on Kubernetes: many faults of every kind over several jobs, each job checked
+for the three things a user cares about.
+
+Starts the local cluster (real control plane, three process-backed p5-like nodes; tests/harness)
+and the operator, trains one fault-free reference job, then runs the campaign's jobs one after
+the other. Each job is examples/cpu-tiny.yaml's shape (2 pods x 2 ranks of the tiny CPU trainer
+under ft_launcher, in-process restart on, checkpoints every `--checkpoint-interval` steps) with
+`--faults-per-job` faults, one every `--spacing` steps. The fault kinds:
+
+- `exception`, `sigkill`, `hang`: `TRAINER_FAULTS` (on one rank at the planned step the trainer
+  raises, SIGKILLs its own worker, or stops making progress while alive);
+- `pod-kill`: the harness SIGKILLs every process of pod `<job>-1`;
+- `node-partition`: the harness partitions the node that runs pod `<job>-1` (no Lease, no status,
+  frozen processes) and heals it once the job trains again;
+- `rendezvous-kill`: the harness SIGKILLs the rendezvous pod `<job>-rdzv`;
+- `operator-kill`: pod `<job>-1` is killed and the operator is SIGKILLed as soon as it acted on
+  it, then started again;
+- `writer-kill`: the asynchronous checkpoint writer process of one rank's pod is SIGKILLed.
+
+For every fault it reports: recovered or not; the seconds from the fault to the first completed
+step after it (rank 0's `losses.jsonl`); the step training resumed from and the newest checkpoint
+committed when the fault happened; and the **steps lost beyond the last commit** (committed step
+minus resumed step, 0 when the job resumed from the newest commit). For every job: the final
+state, and whether the final loss is bit-identical to the reference job's.
+
+Targets (issue 11): every job Succeeded, 0 steps lost beyond the last committed checkpoint,
+final loss identical to the fault-free run.
+
+    python -m bench.chaos --faults-per-kind 100 --out bench/results/chaos.json   # the campaign
+    python -m bench.chaos --faults-per-kind 2 --out /tmp/chaos.json              # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import random
+import shlex
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .common import (
+    OPERATOR_SOURCES,
+    REPO_ROOT,
+    TRAINER_SOURCES,
+    StampedProcess,
+    add_output_arguments,
+    describe_spread,
+    format_spread,
+    format_table,
+    machine_description,
+    source_fingerprint,
+    write_json,
+)
+from .localrun import StepRecord, read_fault_times, read_losses
+
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+
+EXAMPLE = REPO_ROOT / "examples" / "cpu-tiny.yaml"
+GROUP_PATH = "/apis/training.resilient.dev/v1alpha1"
+TRAINER_KINDS = ("exception", "sigkill", "hang")
+"""Faults the trainer injects itself (TRAINER_FAULTS); the others the campaign injects."""
+KINDS = (*TRAINER_KINDS, "pod-kill", "node-partition", "rendezvous-kill", "operator-kill",
+         "writer-kill")
+RANKS = 4
+"""2 pods x 2 ranks."""
+
+
+# --- the plan (pure) ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlannedFault:
+    kind: str
+    step: int
+    """The fault happens once the job has completed step - 1 (trainer faults: at step's start)."""
+    rank: int
+    """The rank a trainer fault fires on (the writer kill's rank); 0..RANKS-1."""
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    name: str
+    steps: int
+    faults: tuple[PlannedFault, ...]
+
+    def trainer_faults(self) -> str:
+        """TRAINER_FAULTS for the trainer-injected faults (`STEP:RANK:KIND,...`)."""
+        return ",".join(f"{f.step}:{f.rank}:{f.kind}" for f in self.faults
+                        if f.kind in TRAINER_KINDS)
+
+
+def plan_campaign(kinds: list[str], per_kind: int, faults_per_job: int, spacing: int,
+                  seed: int) -> list[JobPlan]:
+    """Every kind `per_kind` times, shuffled with `seed`, packed `faults_per_job` to a job: fault
+    i of a job at step `spacing * (i + 1)`, the job `spacing` steps longer than its last fault."""
+    if per_kind < 1 or faults_per_job < 1 or spacing < 2:
+        raise ValueError("per_kind >= 1, faults_per_job >= 1 and spacing >= 2 are needed")
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise ValueError(f"unknown fault kinds: {', '.join(unknown)}")
+    rng = random.Random(seed)
+    pool = [kind for kind in kinds for _ in range(per_kind)]
+    rng.shuffle(pool)
+    jobs = []
+    for number, start in enumerate(range(0, len(pool), faults_per_job)):
+        chunk = pool[start:start + faults_per_job]
+        faults = tuple(PlannedFault(kind, spacing * (i + 1), rng.randrange(RANKS))
+                       for i, kind in enumerate(chunk))
+        jobs.append(JobPlan(f"chaos-{number}", spacing * (len(chunk) + 1), faults))
+    return jobs
+
+
+# --- the analysis (pure) ------------------------------------------------------------------------
+
+
+@dataclass
+class FaultResult:
+    job: str
+    kind: str
+    step: int
+    rank: int
+    injected_at: float | None = None
+    recovered: bool = False
+    seconds: float | None = None
+    """Fault -> the first step completed after it."""
+    resumed_step: int | None = None
+    """The step training resumed from (the first step after the fault, minus one)."""
+    committed_at_fault: int | None = None
+    """The newest checkpoint committed when the fault happened (-1: none yet)."""
+    steps_lost_beyond_commit: int | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def analyse_fault(result: FaultResult, records: list[StepRecord],
+                  commits: dict[int, float]) -> FaultResult:
+    """Fill the recovery fields from rank 0's step records and when each checkpoint step was
+    first seen committed (step -> unix time)."""
+    if result.injected_at is None:
+        return result
+    after = [r for r in records if r.at > result.injected_at]
+    committed = [step for step, at in commits.items() if at <= result.injected_at]
+    result.committed_at_fault = max(committed, default=-1)
+    if not after:
+        return result
+    first = min(after, key=lambda r: r.at)
+    result.recovered = True
+    result.seconds = round(first.at - result.injected_at, 3)
+    result.resumed_step = first.step - 1
+    result.steps_lost_beyond_commit = max(0, result.committed_at_fault - result.resumed_step)
+    return result
+
+
+def final_loss(records: list[StepRecord], steps: int) -> float | None:
+    """The loss of the last step as the last attempt computed it."""
+    finals = [r for r in records if r.step == steps]
+    return max(finals, key=lambda r: r.at).loss if finals else None
+
+
+def summarise(faults: list[FaultResult], jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    by_kind: dict[str, Any] = {}
+    for kind in sorted({f.kind for f in faults}):
+        mine = [f for f in faults if f.kind == kind]
+        by_kind[kind] = {
+            "faults": len(mine),
+            "recovered": sum(1 for f in mine if f.recovered),
+            "seconds": describe_spread([f.seconds for f in mine]),
+            "max_steps_lost_beyond_commit": max(
+                (f.steps_lost_beyond_commit or 0 for f in mine), default=0),
+        }
+    return {
+        "faults": len(faults),
+        "recovered": sum(1 for f in faults if f.recovered),
+        "steps_lost_beyond_commit": sum(f.steps_lost_beyond_commit or 0 for f in faults),
+        "jobs": len(jobs),
+        "jobs_succeeded": sum(1 for j in jobs if j.get("final_state") == "Succeeded"),
+        "jobs_final_loss_identical": sum(1 for j in jobs if j.get("final_loss_identical")),
+        "by_kind": by_kind,
+    }
+
+
+def render(summary: dict[str, Any]) -> str:
+    rows = [[kind, str(k["faults"]), str(k["recovered"]), format_spread(k["seconds"]),
+             str(k["max_steps_lost_beyond_commit"])] for kind, k in summary["by_kind"].items()]
+    return "\n".join([
+        f"jobs Succeeded {summary['jobs_succeeded']}/{summary['jobs']}, final loss identical to "
+        f"the fault-free run {summary['jobs_final_loss_identical']}/{summary['jobs']}; faults "
+        f"recovered {summary['recovered']}/{summary['faults']}, steps lost beyond the last "
+        f"commit {summary['steps_lost_beyond_commit']}",
+        "",
+        format_table(["kind", "faults", "recovered", "fault → next step (s)",
+                      "max steps lost beyond commit"], rows),
+    ])
+
+
+# --- the campaign (cluster) ---------------------------------------------------------------------
+
+
+def job_manifest(plan: JobPlan, interval: int) -> dict[str, Any]:
+    """examples/cpu-tiny.yaml with the plan's steps and trainer faults, budgets for a campaign."""
+    manifest: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
+    manifest["metadata"]["name"] = plan.name
+    spec = manifest["spec"]
+    spec["args"] = [f"train.steps={plan.steps}" if a.startswith("train.steps=") else a
+                    for a in spec["args"]]
+    spec["env"] = [e for e in spec.get("env", []) if e["name"] != "TRAINER_FAULTS"]
+    if plan.trainer_faults():
+        spec["env"].append({"name": "TRAINER_FAULTS", "value": plan.trainer_faults()})
+    if not spec["env"]:
+        del spec["env"]
+    spec["checkpoint"]["intervalSteps"] = interval
+    ft = spec["faultTolerance"]
+    ft.update(inProcessRestart="Enabled", faultInjection="Enabled", restartStrategy="RankRestart",
+              rankRestartBudget={"max": 20, "windowSeconds": 3600},
+              fullRestartBudget={"max": 10, "windowSeconds": 3600})
+    spec["activeDeadlineSeconds"] = 3600
+    return manifest
+
+
+class Campaign:
+    """The cluster, the operator (restartable) and the jobs, one after the other."""
+
+    def __init__(self, args: argparse.Namespace, work_dir: Path) -> None:
+        from harness.cluster import Cluster
+
+        self.args = args
+        self.work_dir = work_dir
+        self.cluster = Cluster.start(work_dir / "cluster", nodes=3)
+        self.namespace = self.cluster.create_namespace("chaos")
+        self.operator: StampedProcess | None = None
+        self.operator_starts = 0
+        self.start_operator()
+
+    def start_operator(self) -> None:
+        from .operator_recovery import start_operator
+
+        self.operator_starts += 1
+        self.operator = start_operator(
+            self.cluster, self.work_dir / f"operator-{self.operator_starts}.log", None)
+
+    def kill_operator(self) -> None:
+        assert self.operator is not None
+        self.operator.process.send_signal(signal.SIGKILL)
+        self.operator.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.operator is not None:
+            self.operator.stop()
+        self.cluster.stop()
+
+    # -- reading a job ---------------------------------------------------------------------------
+
+    def status(self, name: str) -> dict[str, Any]:
+        job = self.cluster.api.get_or_none(
+            f"{GROUP_PATH}/namespaces/{self.namespace}/resilienttrainingjobs/{name}") or {}
+        result: dict[str, Any] = job.get("status") or {}
+        return result
+
+    def job_dir(self, name: str) -> Path | None:
+        found = sorted(Path(self.cluster.shared_dir).glob(f"{self.namespace}-{name}-*/{name}"))
+        return found[0] if found else None
+
+    def records(self, name: str) -> list[StepRecord]:
+        directory = self.job_dir(name)
+        return read_losses(directory / "losses.jsonl") if directory else []
+
+    def pod(self, name: str) -> dict[str, Any] | None:
+        return self.cluster.api.get_or_none(f"/api/v1/namespaces/{self.namespace}/pods/{name}")
+
+    # -- one job ---------------------------------------------------------------------------------
+
+    def run_job(self, plan: JobPlan, reference_loss: float | None) -> tuple[dict[str, Any],
+                                                                             list[FaultResult]]:
+        manifest = job_manifest(plan, self.args.checkpoint_interval)
+        self.cluster.kubectl("apply", "--server-side", "-n", self.namespace, "-f", "-",
+                             input=json.dumps(manifest))
+        deadline = time.monotonic() + self.args.job_timeout
+        commits: dict[int, float] = {}
+        results = []
+        for fault in plan.faults:
+            result = FaultResult(plan.name, fault.kind, fault.step, fault.rank)
+            try:
+                self.inject(plan, fault, result, commits, deadline)
+                self.wait_for_recovery(plan, result, commits, deadline)
+            except TimeoutError as error:
+                result.detail["error"] = str(error)
+            finally:
+                self.after(fault, result)
+            analyse_fault(result, self.records(plan.name), commits)
+            print(f"[bench.chaos] {plan.name} {fault.kind}@{fault.step}: "
+                  f"recovered={result.recovered} seconds={result.seconds} "
+                  f"lost={result.steps_lost_beyond_commit} {result.detail or ''}", flush=True)
+            results.append(result)
+        final: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            self.note_commits(plan.name, commits)
+            final = self.status(plan.name)
+            if final.get("state") in ("Succeeded", "Failed"):
+                break
+            time.sleep(1)
+        loss = final_loss(self.records(plan.name), plan.steps)
+        job = {
+            "job": plan.name, "steps": plan.steps, "final_state": final.get("state"),
+            "reason": final.get("reason"), "final_step": final.get("step"),
+            "restarts": final.get("restarts"), "final_loss": loss,
+            "final_loss_identical": reference_loss is not None and loss == reference_loss,
+            "faults": [asdict(f) for f in plan.faults],
+        }
+        self.cluster.kubectl("delete", "rtj", plan.name, "-n", self.namespace, "--wait=false",
+                             check=False)
+        return job, results
+
+    def note_commits(self, name: str, commits: dict[int, float]) -> None:
+        """Remember when each committed checkpoint step was first seen (manifest mtime)."""
+        directory = self.job_dir(name)
+        if directory is None:
+            return
+        for manifest in directory.glob("step-*/manifest.json"):
+            try:
+                step = int(manifest.parent.name.removeprefix("step-"))
+                commits.setdefault(step, manifest.stat().st_mtime)
+            except (ValueError, OSError):
+                continue
+
+    def wait_until(self, what: str, deadline: float, predicate: Any, commits: dict[int, float],
+                   name: str) -> Any:
+        while time.monotonic() < deadline:
+            self.note_commits(name, commits)
+            value = predicate()
+            if value:
+                return value
+            state = self.status(name).get("state")
+            if state in ("Succeeded", "Failed"):
+                raise TimeoutError(f"the job ended ({state}) while waiting for {what}")
+            time.sleep(0.2)
+        raise TimeoutError(f"timed out waiting for {what}")
+
+    def inject(self, plan: JobPlan, fault: PlannedFault, result: FaultResult,
+               commits: dict[int, float], deadline: float) -> None:
+        name = plan.name
+        if fault.kind in TRAINER_KINDS:
+            marker = f"step{fault.step}-rank{fault.rank}-{fault.kind}"
+
+            def fired() -> float | None:
+                directory = self.job_dir(name)
+                return read_fault_times(directory).get(marker) if directory else None
+
+            result.injected_at = self.wait_until(f"fault {marker} to fire", deadline, fired,
+                                                 commits, name)
+            return
+        self.wait_until(f"step {fault.step - 1}", deadline,
+                        lambda: any(r.step >= fault.step - 1 for r in self.records(name)),
+                        commits, name)
+        victim = f"{name}-1"
+        if fault.kind == "pod-kill":
+            result.injected_at = time.time()
+            self.cluster.nodes.kill_pod(self.namespace, victim, 9)
+        elif fault.kind == "rendezvous-kill":
+            result.injected_at = time.time()
+            self.cluster.nodes.kill_pod(self.namespace, f"{name}-rdzv", 9)
+        elif fault.kind == "node-partition":
+            pod = self.pod(victim) or {}
+            node = pod.get("spec", {}).get("nodeName")
+            if not node:
+                raise TimeoutError(f"pod {victim} has no node")
+            result.detail["node"] = node
+            result.injected_at = time.time()
+            self.cluster.nodes.partition_node(node)
+        elif fault.kind == "operator-kill":
+            uid = (self.pod(victim) or {}).get("metadata", {}).get("uid")
+            result.injected_at = time.time()
+            self.cluster.nodes.kill_pod(self.namespace, victim, 9)
+
+            def acted() -> bool:
+                pod = self.pod(victim)
+                return pod is None or pod["metadata"]["uid"] != uid or bool(
+                    pod["metadata"].get("deletionTimestamp"))
+
+            self.wait_until("the operator to act", deadline, acted, commits, name)
+            self.kill_operator()
+            result.detail["operator_killed_after_seconds"] = round(
+                time.time() - result.injected_at, 2)
+            time.sleep(1)
+            self.start_operator()
+        elif fault.kind == "writer-kill":
+            result.injected_at = self.kill_writer(plan, fault, commits, deadline)
+
+    def kill_writer(self, plan: JobPlan, fault: PlannedFault, commits: dict[int, float],
+                    deadline: float) -> float:
+        """SIGKILL the asynchronous checkpoint writer (a child process of a trainer worker that
+        is not a worker itself) of the pod that runs `fault.rank`."""
+        pod = f"{plan.name}-{fault.rank // 2}"
+
+        def writer() -> int | None:
+            return find_writer(self.pod_pgids(pod))
+
+        pid = self.wait_until(f"a checkpoint writer in pod {pod}", deadline, writer, commits,
+                              plan.name)
+        at = time.time()
+        os.kill(pid, signal.SIGKILL)
+        return at
+
+    def pod_pgids(self, pod: str) -> list[int]:
+        for described in self.cluster.nodes.pods():
+            if described["namespace"] == self.namespace and described["name"] == pod:
+                return [int(p) for p in described.get("pgids") or []]
+        return []
+
+    def wait_for_recovery(self, plan: JobPlan, result: FaultResult, commits: dict[int, float],
+                          deadline: float) -> None:
+        assert result.injected_at is not None
+        injected = result.injected_at
+        self.wait_until("the first step after the fault", deadline,
+                        lambda: any(r.at > injected for r in self.records(plan.name)),
+                        commits, plan.name)
+
+    def after(self, fault: PlannedFault, result: FaultResult) -> None:
+        if fault.kind == "node-partition" and "node" in result.detail:
+            self.cluster.nodes.heal_node(result.detail["node"])
+        if self.operator is not None and self.operator.process.poll() is not None:
+            self.start_operator()
+
+
+def find_writer(pgids: list[int]) -> int | None:
+    """The pid of a checkpoint writer process in these process groups: a Python process whose
+    parent runs the trainer (`rtj_trainer`) and which is not a trainer worker itself."""
+    members: dict[int, tuple[int, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            ppid, pgid = int(fields[1]), int(fields[2])
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        if pgid in pgids:
+            members[int(entry.name)] = (ppid, cmdline)
+    for pid, (ppid, cmdline) in sorted(members.items()):
+        parent = members.get(ppid)
+        if parent and "rtj_trainer" in parent[1] and "multiprocessing" in cmdline:
+            return pid
+    return None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.chaos", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
+    parser.add_argument("--faults-per-kind", type=int, default=100,
+                        help="faults of each kind in the campaign (default 100)")
+    parser.add_argument("--faults-per-job", type=int, default=4,
+                        help="faults in one job (default 4)")
+    parser.add_argument("--spacing", type=int, default=25,
+                        help="steps between two faults of a job (default 25)")
+    parser.add_argument("--checkpoint-interval", type=int, default=10,
+                        help="checkpoint.intervalSteps (default 10)")
+    parser.add_argument("--seed", type=int, default=11, help="shuffle seed (default 11)")
+    parser.add_argument("--job-timeout", type=float, default=900.0,
+                        help="give up on one job after this many seconds (default 900)")
+    add_output_arguments(parser, work_dir_help="cluster run directory (default: a new temp dir)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    kinds = [k for k in args.kinds.split(",") if k]
+    plans = plan_campaign(kinds, args.faults_per_kind, args.faults_per_job, args.spacing,
+                          args.seed)
+    work_dir = (args.work_dir or Path(tempfile.mkdtemp(prefix="rtj-bench-chaos."))).resolve()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {
+        "benchmark": "chaos",
+        "command": "python -m bench.chaos " + shlex.join(
+            argv if argv is not None else sys.argv[1:]),
+        "machine": machine_description(),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "operator_and_trainer_source": source_fingerprint(*OPERATOR_SOURCES, *TRAINER_SOURCES),
+    }
+    campaign = Campaign(args, work_dir)
+    jobs: list[dict[str, Any]] = []
+    faults: list[FaultResult] = []
+    try:
+        # The learning-rate schedule depends on the run's length: one reference per length.
+        references = {}
+        for steps in sorted({plan.steps for plan in plans}):
+            references[steps], _ = campaign.run_job(
+                JobPlan(f"chaos-reference-{steps}", steps, ()), None)
+        results["references"] = list(references.values())
+        for plan in plans:
+            job, found = campaign.run_job(plan, references[plan.steps]["final_loss"])
+            jobs.append(job)
+            faults.extend(found)
+    finally:
+        campaign.stop()
+    results.update(jobs=jobs, faults=[asdict(f) for f in faults],
+                   summary=summarise(faults, jobs), operator_starts=campaign.operator_starts,
+                   finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                   load_average_at_end=[round(x, 2) for x in os.getloadavg()])
+    write_json(args.out, results)
+    print(render(results["summary"]))
+    if args.out:
+        print(f"\nJSON: {args.out}")
+    summary = results["summary"]
+    ok = (summary["jobs_succeeded"] == summary["jobs"] == summary["jobs_final_loss_identical"]
+          and summary["steps_lost_beyond_commit"] == 0
+          and summary["recovered"] == summary["faults"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The fault campaign's plan and its per-fault analysis (pure parts of bench.chaos)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from bench.chaos import (
+    KINDS,
+    FaultResult,
+    JobPlan,
+    PlannedFault,
+    analyse_fault,
+    final_loss,
+    job_manifest,
+    plan_campaign,
+    summarise,
+)
+from bench.localrun import StepRecord
+
+pytestmark = pytest.mark.unit
+
+
+def test_plan_has_every_kind_the_asked_number_of_times_spaced_in_each_job() -> None:
+    plans = plan_campaign(list(KINDS), per_kind=5, faults_per_job=4, spacing=25, seed=3)
+    kinds = Counter(f.kind for plan in plans for f in plan.faults)
+    assert kinds == dict.fromkeys(KINDS, 5)
+    assert len(plans) == 10  # 40 faults, 4 a job
+    for plan in plans:
+        assert [f.step for f in plan.faults] == [25 * (i + 1) for i in range(len(plan.faults))]
+        assert plan.steps == 25 * (len(plan.faults) + 1)
+        assert all(0 <= f.rank < 4 for f in plan.faults)
+    assert len({plan.name for plan in plans}) == len(plans)
+    assert plans == plan_campaign(list(KINDS), per_kind=5, faults_per_job=4, spacing=25, seed=3)
+
+
+def test_plan_refuses_unknown_kinds_and_empty_campaigns() -> None:
+    with pytest.raises(ValueError, match="unknown fault kinds: meteor"):
+        plan_campaign(["exception", "meteor"], 1, 1, 10, 0)
+    with pytest.raises(ValueError, match="per_kind >= 1"):
+        plan_campaign(["exception"], 0, 1, 10, 0)
+
+
+def test_only_trainer_faults_go_to_trainer_faults_and_the_manifest_arms_them() -> None:
+    plan = JobPlan("chaos-7", 75, (PlannedFault("exception", 25, 2),
+                                   PlannedFault("pod-kill", 50, 0)))
+    assert plan.trainer_faults() == "25:2:exception"
+    manifest = job_manifest(plan, interval=10)
+    spec = manifest["spec"]
+    assert manifest["metadata"]["name"] == "chaos-7"
+    assert "train.steps=75" in spec["args"]
+    assert {"name": "TRAINER_FAULTS", "value": "25:2:exception"} in spec["env"]
+    assert spec["faultTolerance"]["faultInjection"] == "Enabled"
+    assert spec["checkpoint"]["intervalSteps"] == 10
+    quiet = job_manifest(JobPlan("chaos-8", 50, (PlannedFault("pod-kill", 25, 0),)), 10)
+    assert all(e["name"] != "TRAINER_FAULTS" for e in quiet["spec"].get("env", []))
+
+
+def _records(*rows: tuple[int, str, float]) -> list[StepRecord]:
+    return [StepRecord(step, attempt, at, 1.0 / step) for step, attempt, at in rows]
+
+
+def test_a_fault_resumed_from_the_newest_commit_loses_nothing_beyond_it() -> None:
+    records = _records((24, "a", 100.0), (25, "a", 101.0), (21, "b", 112.5), (22, "b", 113.0))
+    result = analyse_fault(FaultResult("j", "pod-kill", 25, 1, injected_at=101.5), records,
+                           commits={10: 50.0, 20: 95.0, 30: 200.0})
+    assert result.recovered
+    assert result.seconds == 11.0
+    assert result.resumed_step == 20
+    assert result.committed_at_fault == 20
+    assert result.steps_lost_beyond_commit == 0
+
+
+def test_resuming_from_an_older_checkpoint_counts_the_steps_lost_beyond_the_commit() -> None:
+    records = _records((25, "a", 101.0), (11, "b", 130.0))
+    result = analyse_fault(FaultResult("j", "writer-kill", 25, 0, injected_at=101.5), records,
+                           commits={10: 50.0, 20: 95.0})
+    assert result.resumed_step == 10
+    assert result.steps_lost_beyond_commit == 10
+
+
+def test_no_step_after_the_fault_is_not_recovered() -> None:
+    records = _records((25, "a", 101.0))
+    result = analyse_fault(FaultResult("j", "hang", 25, 0, injected_at=101.5), records, {})
+    assert not result.recovered
+    assert result.seconds is None
+    assert result.committed_at_fault == -1
+
+
+def test_final_loss_is_the_last_attempts_and_the_summary_counts_per_kind() -> None:
+    records = [StepRecord(50, "a", 10.0, 2.5), StepRecord(50, "b", 20.0, 2.25)]
+    assert final_loss(records, 50) == 2.25
+    assert final_loss(records, 60) is None
+    faults = [FaultResult("j", "hang", 25, 0, recovered=True, seconds=12.0,
+                          steps_lost_beyond_commit=0),
+              FaultResult("j", "hang", 50, 1, recovered=False)]
+    summary = summarise(faults, [{"final_state": "Succeeded", "final_loss_identical": True}])
+    assert summary["by_kind"]["hang"]["faults"] == 2
+    assert summary["by_kind"]["hang"]["recovered"] == 1
+    assert summary["recovered"] == 1
+    assert summary["jobs_succeeded"] == summary["jobs_final_loss_identical"] == 1

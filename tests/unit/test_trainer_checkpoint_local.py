@@ -1,0 +1,121 @@
+"""Node-local copies (rtj_trainer.checkpoint.local): the writer's copy is the shard's exact bytes,
+the newest two per rank are kept, partial copies are never offered, ranks resume from a local
+copy only when all hold the same save and it is not older than the newest commit, and the
+Checkpointer falls back to the shared store otherwise."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from checkpoint_helpers import save_checkpoint, stage
+from rtj_trainer import checkpoint as ck
+from rtj_trainer.checkpoint import local
+from rtj_trainer.config import CheckpointConfig
+
+pytestmark = pytest.mark.unit
+
+
+def _write(directory: Path, step: int, identity: str = "a0-l0-i0-1", value: float = 1.0) -> Path:
+    skeleton, layout, blob = stage({"w": torch.full((3,), value), "step": step})
+    header = ck.format.encode_header(skeleton, layout, blob.numel())
+    data = memoryview(blob.numpy()).cast("B")
+    return local.write_local_copy(directory, step, identity, header, data, threads=2)
+
+
+def test_the_writers_local_copy_is_the_shards_bytes(tmp_path: Path) -> None:
+    skeleton, layout, blob = stage({"x": torch.randn(5000), "y": torch.arange(999)})
+    shard = tmp_path / "store" / "shard.bin"
+    shard.parent.mkdir()
+    ck.write_shard(str(shard), str(tmp_path / "rec.json"), skeleton, layout, blob, 0, False, 0.0,
+                   chunk_bytes=4096, threads=3, local_copy=(str(tmp_path / "local"), 7, "a1"))
+    copies = local.local_copies(tmp_path / "local")
+    assert [(c.step, c.identity) for c in copies] == [(7, "a1")]
+    assert copies[0].path.read_bytes() == shard.read_bytes()
+    assert torch.equal(ck.read_shard(copies[0].path)["y"], torch.arange(999))
+
+
+def test_the_newest_two_copies_are_kept_and_partial_ones_are_never_offered(
+        tmp_path: Path) -> None:
+    for step in (10, 20, 30):
+        _write(tmp_path, step)
+    (tmp_path / ".step-000000040.a0-l0-i0-1.bin.tmp-123").write_bytes(b"half")
+    assert [c.step for c in local.local_copies(tmp_path)] == [30, 20]
+    local.remove_partial_copies(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-000000020.a0-l0-i0-1.bin", "step-000000030.a0-l0-i0-1.bin"]
+
+
+def test_ranks_agree_on_the_newest_save_all_of_them_hold() -> None:
+    a, b = (30, "x"), (20, "x")
+    assert local.common_newest([[a, b], [a, b]], at_least=0) == a
+    assert local.common_newest([[a, b], [b]], at_least=0) == b  # one rank died writing 30
+    assert local.common_newest([[a, b], []], at_least=0) is None  # a new node holds nothing
+    assert local.common_newest([[a], [(30, "other attempt")]], at_least=0) is None
+    assert local.common_newest([[a, b], [a, b]], at_least=40) is None  # a newer commit exists
+
+
+def test_two_stores_on_one_node_never_share_copies(tmp_path: Path) -> None:
+    one = local.local_copy_dir(tmp_path, tmp_path / "job-a", 1, 8)
+    two = local.local_copy_dir(tmp_path, tmp_path / "job-b", 1, 8)
+    assert one != two and one.name == two.name == "rank-00001-of-00008"
+
+
+@pytest.fixture
+def one_rank_group() -> object:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield None
+    dist.destroy_process_group()
+
+
+def _checkpointer(store: Path, local_dir: Path) -> ck.Checkpointer:
+    cfg = CheckpointConfig(dir=str(store), interval_steps=0, local_dir=str(local_dir))
+    return ck.Checkpointer(cfg, root=store, rank=0, world_size=1, device=torch.device("cpu"),
+                           identity="a9")
+
+
+def test_a_resume_prefers_a_local_copy_newer_than_the_newest_commit(
+        tmp_path: Path, one_rank_group: object) -> None:
+    store = tmp_path / "store"
+    save_checkpoint(store, 20, world_size=1)
+    checkpointer = _checkpointer(store, tmp_path / "shm")
+    assert checkpointer._local is not None
+    _write(checkpointer._local, 30, value=3.0)
+    loaded = checkpointer.load_latest()
+    assert loaded is not None and loaded.source == "local" and loaded.manifest is None
+    assert loaded.state["step"] == 30 and torch.equal(loaded.state["w"], torch.full((3,), 3.0))
+
+
+def test_a_resume_uses_the_store_when_its_commit_is_newer_than_the_local_copies(
+        tmp_path: Path, one_rank_group: object) -> None:
+    store = tmp_path / "store"
+    save_checkpoint(store, 40, world_size=1)
+    checkpointer = _checkpointer(store, tmp_path / "shm")
+    assert checkpointer._local is not None
+    _write(checkpointer._local, 30)
+    loaded = checkpointer.load_latest()
+    assert loaded is not None and loaded.source == "store" and loaded.state["step"] == 40
+
+
+def test_a_local_copy_of_a_committed_step_must_match_the_manifests_size(
+        tmp_path: Path, one_rank_group: object) -> None:
+    store = tmp_path / "store"
+    directory = save_checkpoint(store, 20, world_size=1)
+    identity = directory.name.split(".", 1)[1]
+    checkpointer = _checkpointer(store, tmp_path / "shm")
+    assert checkpointer._local is not None
+    copy = _write(checkpointer._local, 20, identity=identity, value=5.0)
+    with open(copy, "ab") as handle:  # not the bytes the manifest describes
+        handle.write(b"x")
+    loaded = checkpointer.load_latest()
+    assert loaded is not None and loaded.source == "store"
+    assert torch.equal(loaded.state["w"], torch.full((4, 3), 200.0))
+
+
+def test_finishing_discards_the_local_copies(tmp_path: Path) -> None:
+    _write(tmp_path / "rank", 10)
+    local.discard_local_copies(tmp_path / "rank")
+    assert not os.path.exists(tmp_path / "rank")

@@ -1,0 +1,125 @@
+"""Node-local copies of each rank's newest saves (e.g. in /dev/shm), the fast tier of a resume.
+
+Why: a committed checkpoint on the shared store is seconds behind the save (a 1B model's shard
+takes 5-10 s to write), and reading it back means reading and hashing GBs from that store. After
+a restart in the same pod (in-process, or an ft_launcher restart of the workers) every rank's
+node still holds what it staged. So the writer first copies the staged shard into a file in
+`checkpoint.local_dir` (RAM on /dev/shm: about a second for GBs), then writes the shared store as
+before. A resume uses the newest step that EVERY rank has a local copy of, written in the same
+attempt (same checkpoint identity, hence the same step of the same training line), when that step
+is at least the newest committed one; otherwise the shared store, as before. A rank that lost its
+node (a replaced pod, a spare taking over) has no copy, so everyone falls back to the store.
+
+A local copy is a shard file in the store's format (`format.read_shard` reads it), written to a
+temporary name and renamed, so a copy that exists is complete; the newest `LOCAL_KEEP` are kept
+per rank (two, so that a rank killed while writing its next copy still shares the previous one
+with the others). Copies live under `<local_dir>/<scope>/rank-RRRRR-of-WWWWW/` where the scope is
+derived from the shared store's path, so two jobs on one node never see each other's copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .format import WRITE_CHUNK_BYTES, WRITE_THREADS, checkpoint_dir_name
+
+LOCAL_KEEP = 2
+_COPY_PATTERN = re.compile(r"^step-(\d{9})\.(.+)\.bin$")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class LocalCopy:
+    step: int
+    identity: str
+    path: Path
+
+
+def local_copy_dir(local_root: Path, store_root: Path, rank: int, world_size: int) -> Path:
+    """This rank's folder of local copies for the checkpoints of `store_root`."""
+    scope = hashlib.sha256(str(store_root.resolve()).encode()).hexdigest()[:16]
+    return local_root / scope / f"rank-{rank:05d}-of-{world_size:05d}"
+
+
+def local_copy_name(step: int, identity: str) -> str:
+    return checkpoint_dir_name(step, identity) + ".bin"
+
+
+def local_copies(directory: Path) -> list[LocalCopy]:
+    """The complete local copies in `directory`, newest step first."""
+    found = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(directory):
+            match = _COPY_PATTERN.match(entry.name)
+            if match:
+                found.append(LocalCopy(int(match.group(1)), match.group(2), Path(entry.path)))
+    return sorted(found, reverse=True)
+
+
+def remove_partial_copies(directory: Path) -> None:
+    """Delete temporaries left by a writer that died mid-copy (call while no writer runs)."""
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(directory):
+            if entry.name.startswith("."):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
+def write_local_copy(directory: Path, step: int, identity: str, header: bytes,
+                     data: memoryview, *, threads: int = WRITE_THREADS) -> Path:
+    """Write `header` + `data` as this rank's local copy of `step`, then drop older copies."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / local_copy_name(step, identity)
+    tmp = directory / f".{final.name}.tmp-{os.getpid()}"
+    pieces = [(memoryview(header), 0)] + [
+        (data[start : start + WRITE_CHUNK_BYTES], len(header) + start)
+        for start in range(0, len(data), WRITE_CHUNK_BYTES)
+    ]
+
+    def put(item: tuple[memoryview, int]) -> None:
+        view, offset = item
+        done = 0
+        while done < len(view):
+            done += os.pwrite(fd, view[done:], offset + done)
+
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(pieces)))) as pool:
+            list(pool.map(put, pieces))
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    os.close(fd)
+    os.replace(tmp, final)
+    for old in local_copies(directory)[LOCAL_KEEP:]:
+        with contextlib.suppress(OSError):
+            old.path.unlink()
+    return final
+
+
+def common_newest(
+    per_rank: list[list[tuple[int, str]]], *, at_least: int
+) -> tuple[int, str] | None:
+    """The newest (step, identity) that every rank holds, if its step is >= `at_least`."""
+    if not per_rank:
+        return None
+    shared = set(per_rank[0]).intersection(*map(set, per_rank[1:]))
+    best = max(shared, default=None)
+    return best if best is not None and best[0] >= at_least else None
+
+
+def discard_local_copies(directory: Path) -> None:
+    """Remove this rank's local copies (the job finished)."""
+    for copy in local_copies(directory):
+        with contextlib.suppress(OSError):
+            copy.path.unlink()
+    remove_partial_copies(directory)
+    with contextlib.suppress(OSError):
+        directory.rmdir()

@@ -1,0 +1,55 @@
+"""Wall-clock marks of a worker's start and of each attempt's set-up, logged once per attempt.
+
+Why: a restart's cost is the sum of process start, imports, CUDA and NCCL set-up, reading the
+checkpoint, building the model and loading the state, and the benchmarks could only see it as
+log lines stamped when they reached them (through ft_launcher's relay, up to seconds late). Each
+rank now logs `timeline {...}` with the absolute Unix times at which it passed each point, so a
+benchmark (or a person) can split a restart exactly. Marks cost one `time.time()` each.
+
+Process-level marks (`process_start`, `main`, `imports`) are kept for the process's life; attempt
+marks are cleared by `begin_attempt()` (every in-process restart iteration is a new attempt).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+PROCESS_MARKS = ("process_start", "main", "imports")
+_marks: dict[str, float] = {}
+
+
+def process_start_time() -> float | None:
+    """When this process started (Unix time), from /proc; None where /proc cannot be read."""
+    try:
+        with open("/proc/self/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        start_ticks = int(fields[19])  # field 22 of stat(5); fields[0] is field 3
+        with open("/proc/stat") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
+        return boot + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def mark(name: str, at: float | None = None) -> None:
+    """Record that this process passed `name` now (or at `at`)."""
+    _marks[name] = time.time() if at is None else at
+
+
+def begin_attempt() -> None:
+    """Forget the previous attempt's marks (process-level marks stay) and mark `attempt`."""
+    for name in [n for n in _marks if n not in PROCESS_MARKS]:
+        del _marks[name]
+    mark("attempt")
+
+
+def marks() -> dict[str, float]:
+    """The marks so far, in the order they were first set."""
+    return dict(_marks)
+
+
+def render() -> str:
+    """`{"process_start": 1796077251.873, ...}` (millisecond precision) for the log line."""
+    return json.dumps({name: round(at, 3) for name, at in _marks.items()})
