@@ -118,6 +118,11 @@ def _field_env(name: str, field_path: str) -> Manifest:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
 
 
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+"""The trainer container's terminationMessagePath (Kubernetes' default), also passed to the
+trainer as RTJ_TERMINATION_MESSAGE_PATH."""
+
+
 def _value_env(pairs: list[tuple[str, str]]) -> list[Manifest]:
     return [{"name": name, "value": value} for name, value in pairs]
 
@@ -161,6 +166,8 @@ def trainer_env(
         *((("RTJ_FAULT_INJECTION", "1"),)
           if spec.fault_tolerance.fault_injection == "Enabled" else ()),
         ("RTJ_HEARTBEAT_TIMEOUT_SECONDS", str(spec.fault_tolerance.heartbeat_timeout_seconds)),
+        # Where local rank 0 writes how the pod ended (rtj_operator.termination).
+        ("RTJ_TERMINATION_MESSAGE_PATH", TERMINATION_MESSAGE_PATH),
     ]
     platform: dict[str, str] = dict(plan.resources.env)
     if plan.efa_devices > 0:
@@ -266,6 +273,10 @@ def trainer_pod(
             if value
         },
         "volumeMounts": mounts,
+        # The trainer's termination message (rtj_operator.termination); when the trainer wrote
+        # none and the container failed, the kubelet keeps the log's tail there instead.
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if plan.efa_devices:
         # EFA registers (pins) memory for RDMA, which needs IPC_LOCK [aws-sample].

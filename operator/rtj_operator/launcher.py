@@ -14,6 +14,17 @@ from rtj_operator.config import OperatorSettings
 from rtj_operator.ftflags import LauncherSettings, ft_flags
 from rtj_operator.podplan import PodPlan
 
+TRAINER_FATAL_EXIT_CODE = 94
+"""The trainer's exit code for an error restarting cannot fix (rtj_trainer.errors; the contract
+test ties the two)."""
+SPARES_EXIT_BARRIER_SECONDS = 30.0
+
+
+def non_retryable_worker_codes(job: ResilientTrainingJob) -> list[int]:
+    """Worker exit codes that stop ft_launcher's restarts: the trainer's fatal code and
+    `faultTolerance.nonRetryableExitCodes`."""
+    return sorted({TRAINER_FATAL_EXIT_CODE, *job.spec.fault_tolerance.non_retryable_exit_codes})
+
 
 def launcher_settings(job: ResilientTrainingJob, plan: PodPlan) -> LauncherSettings:
     """The shared ft_launcher settings (`ftflags`) of this job's trainer pods."""
@@ -38,10 +49,14 @@ def trainer_argv(
     """
     spec = job.spec
     return [
-        # With spares, ft_launcher through a shim whose exit barrier does not wait five minutes
-        # for the launcher of a pod a spare replaced (rtj_trainer/ftlaunch.py).
-        *(["python", "-m", "rtj_trainer.ftlaunch"] if spec.fault_tolerance.spares
-          else ["ft_launcher"]),
+        # ft_launcher through the trainer image's shim (rtj_trainer/ftlaunch.py): a worker that
+        # exits with a non-retryable code (the trainer's fatal 94, nonRetryableExitCodes) stops
+        # every launcher's restarts, and they exit 93. With spares, its exit barrier does not
+        # wait five minutes for the launcher of a pod a spare replaced.
+        "python", "-m", "rtj_trainer.ftlaunch",
+        f"--rtj-non-retryable-exit-codes={','.join(map(str, non_retryable_worker_codes(job)))}",
+        *([f"--rtj-exit-barrier-timeout={SPARES_EXIT_BARRIER_SECONDS:g}"]
+          if spec.fault_tolerance.spares else []),
         # Every launcher, spares included: NVRx's world holds the spares as inactive ranks.
         f"--nnodes={plan.pods}",
         f"--nproc-per-node={plan.procs_per_node}",

@@ -25,7 +25,7 @@ from typing import Any
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 
-from rtj_operator import naming
+from rtj_operator import naming, termination
 from rtj_operator.observed import ClaimView, NodeView, Observed, PodView
 
 LOG = logging.getLogger("rtj_operator")
@@ -89,6 +89,7 @@ def pod_view(pod: Mapping[str, Any], nodes: Mapping[str, NodeView] | None = None
     state = _container_status(pod, container).get("state") or {}
     terminated = state.get("terminated") or {}
     running = state.get("running") or {}
+    outcome, problem = termination.parse(terminated.get("message"))
     waiting = state.get("waiting") or {}
     scheduled = _condition(pod, "PodScheduled")
     unscheduled = scheduled if scheduled.get("status") == "False" else {}
@@ -109,6 +110,8 @@ def pod_view(pod: Mapping[str, Any], nodes: Mapping[str, NodeView] | None = None
         finished_at=_time(terminated.get("finishedAt")),
         node_name=node_name,
         pod_ip=status.get("podIP"),
+        outcome=outcome,
+        outcome_problem=problem,
         created_at=_time(meta.get("creationTimestamp")),
         unscheduled_reason=unscheduled.get("reason") or (
             "Unscheduled" if unscheduled else None),

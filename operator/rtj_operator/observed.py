@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from rtj_operator.termination import TrainerOutcome
+
 
 @dataclass(frozen=True, kw_only=True)
 class PodView:
@@ -35,6 +37,10 @@ class PodView:
     finished_at: datetime | None = None
     node_name: str | None = None
     pod_ip: str | None = None
+    outcome: TrainerOutcome | None = None
+    """The trainer's termination message (`rtj_operator.termination`), once it has one."""
+    outcome_problem: str | None = None
+    """Why a termination message was there but ignored (not the trainer's format)."""
     created_at: datetime | None = None
     """metadata.creationTimestamp: the pod start deadline counts from it."""
     unscheduled_reason: str | None = None

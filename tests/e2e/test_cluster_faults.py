@@ -330,3 +330,31 @@ def test_containers_of_one_pod_share_empty_dirs_and_restart_on_failure(
     assert statuses["reader"]["restartCount"] == 1
     assert statuses["reader"]["lastState"]["terminated"]["exitCode"] == 3
     assert cluster.pod_log(namespace, "pair", "reader").endswith("from-writer\n")
+
+
+def test_the_termination_message_reaches_the_container_status_like_a_kubelet_does(
+    cluster: Cluster, namespace: str
+) -> None:
+    """Per container, the file at terminationMessagePath goes to state.terminated.message;
+    `FallbackToLogsOnError` takes the log's tail when the file is empty and the container
+    failed; with the default policy (`File`) an empty file leaves no message."""
+    script = 'echo noise; printf \'{"outcome":"Failed"}\' > /dev/termination-log; exit 3'
+    writes = pod_manifest("writes", ["sh", "-c", script])
+    custom = pod_manifest("custom-path", ["sh", "-c", "echo done > /tmp/why; exit 0"])
+    custom["spec"]["containers"][0]["terminationMessagePath"] = "/tmp/why"
+    fallback = pod_manifest("falls-back", ["sh", "-c", "echo line one; echo last words; exit 5"])
+    fallback["spec"]["containers"][0]["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    silent = pod_manifest("silent", ["sh", "-c", "echo only a log; exit 5"])
+    for manifest in (writes, custom, fallback, silent):
+        create_pod(cluster, namespace, manifest)
+
+    def terminated(name: str) -> JsonObject:
+        pod = cluster.wait_for_pod(namespace, name, phases=("Failed", "Succeeded"))
+        result: JsonObject = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+        return result
+
+    assert terminated("writes")["message"] == '{"outcome":"Failed"}'
+    assert terminated("writes")["exitCode"] == 3
+    assert terminated("custom-path")["message"] == "done\n"
+    assert terminated("falls-back")["message"].endswith("line one\nlast words")
+    assert "message" not in terminated("silent")

@@ -237,3 +237,25 @@ def test_launcher_kill_takes_down_the_whole_process_tree(tmp_path: Path) -> None
     while psutil.pid_exists(rank0_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not psutil.pid_exists(rank0_pid) or psutil.Process(rank0_pid).status() == "zombie"
+
+
+def test_a_fatal_error_stops_ft_launcher_at_once_with_the_no_restart_code(tmp_path: Path) -> None:
+    """A bad configuration: both workers exit 94, the shim stops the restarts (a 3-restart
+    budget is left untouched) and ft_launcher exits 93; local rank 0 wrote the termination
+    message."""
+    message_file = tmp_path / "termination-log"
+    proc = _start(tmp_path, extra_env={"RTJ_TERMINATION_MESSAGE_PATH": str(message_file),
+                                       "RTJ_MAX_RESTARTS": "3"},
+                  args=("--set", "data.kind=memmap"))
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 93, out[-4000:]
+    assert out.count("rtj_trainer: fatal (ConfigurationError)") == 2, out[-4000:]  # no restart
+    message = json.loads(message_file.read_text())
+    assert message["outcome"] == "Failed" and message["exitCode"] == 94
+    assert message["reason"] == "ConfigurationError" and "data.path" in message["message"]

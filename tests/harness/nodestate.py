@@ -118,6 +118,11 @@ class ContainerRun:
     restart_count: int = 0
     restart_at: float | None = None
     last_terminated: JsonObject | None = None
+    termination_file: Path | None = None
+    """Host file bind-mounted at the container's terminationMessagePath (one per container)."""
+    termination_policy: str = "File"
+    termination_message: str | None = None
+    """What the last run of the container left there (read when it exited)."""
 
     @property
     def running(self) -> bool:
@@ -136,8 +141,28 @@ class ContainerRun:
                 "startedAt": self.started_at,
                 "finishedAt": self.finished_at,
                 "containerID": f"harness://{self.popen.pid}",
+                **({"message": self.termination_message} if self.termination_message else {}),
             }
         }
+
+    def read_termination_message(self) -> None:
+        """As the kubelet does when a container exits: the file's first 4096 bytes; with
+        `FallbackToLogsOnError`, the log's tail (80 lines, 2048 bytes) when the file is empty and
+        the container failed."""
+        text = ""
+        if self.termination_file is not None:
+            try:
+                with open(self.termination_file, "rb") as handle:
+                    text = handle.read(TERMINATION_MESSAGE_BYTES).decode(errors="replace")
+            except OSError:
+                text = ""
+        if not text and self.termination_policy == "FallbackToLogsOnError" and self.exit_code:
+            try:
+                lines = self.log_file.read_bytes().splitlines()[-LOG_TAIL_LINES:]
+            except OSError:
+                lines = []
+            text = b"\n".join(lines)[-LOG_TAIL_BYTES:].decode(errors="replace")
+        self.termination_message = text or None
 
     def status(self) -> JsonObject:
         if self.running:
@@ -158,6 +183,11 @@ class ContainerRun:
             "state": state,
             "lastState": self.last_terminated or {},
         }
+
+
+TERMINATION_MESSAGE_BYTES = 4096
+LOG_TAIL_LINES = 80
+LOG_TAIL_BYTES = 2048
 
 
 def restart_delay(restarts_so_far: int) -> float:

@@ -139,7 +139,8 @@ def test_fault_tolerance_and_checkpoint_policy_change_while_the_job_runs(
                         "podStartTimeoutSeconds": 1200},
         # keep, not intervalSteps: the interval is read by the running trainers and changes
         # only while suspended (issue 11; tests/integration/invalid/update-checkpoint-*.yaml).
-        checkpoint={"storageClassName": "local-shared", "size": "1Gi", "keep": 5},
+        checkpoint={"storageClassName": "local-shared", "size": "1Gi", "keep": 5,
+                    "staleAfterIntervals": 6},
         activeDeadlineSeconds=3600,
     )
     apply(cluster, api_namespace, tuned)
@@ -147,3 +148,4 @@ def test_fault_tolerance_and_checkpoint_policy_change_while_the_job_runs(
     assert spec["faultTolerance"]["rankRestartBudget"] == {"max": 20, "windowSeconds": 3600}
     assert spec["faultTolerance"]["podStartTimeoutSeconds"] == 1200  # the operator reads it
     assert spec["checkpoint"]["keep"] == 5
+    assert spec["checkpoint"]["staleAfterIntervals"] == 6

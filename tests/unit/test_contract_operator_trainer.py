@@ -120,3 +120,43 @@ def test_a_fresh_trainer_rank_reads_as_no_heartbeat_and_no_checkpoint_yet() -> N
     assert (sample.rank, sample.step) == (0, 0)
     assert sample.heartbeat is None
     assert sample.committed_step is None and sample.committed_time is None
+
+
+# --- the termination message --------------------------------------------------------------------
+
+
+def test_the_operator_reads_every_termination_message_the_trainer_writes() -> None:
+    from rtj_operator import termination as reader
+    from rtj_trainer import termination as writer
+
+    for message in (
+        writer.TerminationMessage(outcome=writer.SUCCEEDED, step=80, committed_step=80,
+                                  committed_time=1764417600.25, reason="Completed",
+                                  message="training reached step 80", exit_code=0),
+        writer.TerminationMessage(outcome=writer.FAILED, reason="WorldSizeChanged",
+                                  message="x" * 9000, exit_code=94),
+    ):
+        outcome, problem = reader.parse(message.encode().decode())
+        assert problem is None and outcome is not None
+        assert outcome.outcome == message.outcome and outcome.step == message.step
+        assert outcome.committed_step == message.committed_step
+        assert outcome.committed_time == message.committed_time
+        assert outcome.reason == message.reason and outcome.exit_code == message.exit_code
+        assert message.message.startswith(outcome.message.removesuffix("..."))
+
+
+def test_the_path_and_the_fatal_exit_code_agree_on_both_sides() -> None:
+    from rtj_operator import launcher
+    from rtj_trainer import errors, termination
+    from rtj_trainer.config import ConfigError
+
+    j = spec_job()
+    pod = builders.trainer_pod(j, plan=plan_for(j, SETTINGS), node_index=0, attempt=0,
+                               settings=SETTINGS)
+    container = pod["spec"]["containers"][0]
+    env = kubelet_env(container["env"])
+    assert env[termination.PATH_ENV] == container["terminationMessagePath"]
+    assert str(termination.configured_path(env)) == container["terminationMessagePath"]
+    assert launcher.TRAINER_FATAL_EXIT_CODE == errors.FATAL_EXIT_CODE
+    assert f"--rtj-non-retryable-exit-codes={errors.FATAL_EXIT_CODE}" in container["command"]
+    assert issubclass(ConfigError, errors.FatalError)

@@ -155,7 +155,13 @@ def test_user_env_overrides_the_platform_defaults_without_duplicates() -> None:
 def test_trainer_command_is_ft_launcher_with_the_trainer_argv() -> None:
     pod = trainer_pod(p5_job(), node_index=0, attempt=0, settings=SETTINGS)
     command = pod["spec"]["containers"][0]["command"]
-    assert command[0] == "ft_launcher"
+    assert command[:4] == ["python", "-m", "rtj_trainer.ftlaunch",
+                           "--rtj-non-retryable-exit-codes=94"]
+    container = pod["spec"]["containers"][0]
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert {"name": "RTJ_TERMINATION_MESSAGE_PATH",
+            "value": "/dev/termination-log"} in container["env"]
     assert command[-5:] == ["python", "-m", "rtj_trainer", "--preset", "llama-8b"]
     assert "args" not in pod["spec"]["containers"][0]
 

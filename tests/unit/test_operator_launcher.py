@@ -10,6 +10,7 @@ from rtj_operator import ftflags, launcher
 from rtj_operator.api.models import ResilientTrainingJob, parse_job
 from rtj_operator.config import OperatorSettings
 from rtj_operator.podplan import plan_for, term_timeout_seconds
+from rtj_trainer.ftlaunch import split_argv
 
 pytestmark = pytest.mark.unit
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +47,8 @@ def test_ft_launcher_argv_for_a_p5_job() -> None:
         OperatorSettings(),
     )
     assert argv == [
-        "ft_launcher",
+        # Through the shim: a worker's fatal exit (94) stops every launcher's restarts.
+        "python", "-m", "rtj_trainer.ftlaunch", "--rtj-non-retryable-exit-codes=94",
         "--nnodes=8",
         "--nproc-per-node=8",
         "--rdzv-backend=c10d",
@@ -90,12 +92,34 @@ def test_every_ft_launcher_flag_we_pass_exists_in_nvrx_0_7() -> None:
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
     argv = trainer_argv(job(), OperatorSettings())
-    parsed = get_args_parser().parse_args(argv[1:])
+    assert argv[:3] == ["python", "-m", "rtj_trainer.ftlaunch"]
+    options, rest = split_argv(argv[3:])
+    assert options.non_retryable == {94}
+    parsed = get_args_parser().parse_args(rest)
     assert parsed.nnodes == "8"
     assert parsed.rdzv_conf == "is_host=false,join_timeout=600"
     assert parsed.no_python is True
     assert parsed.training_script == "python"
     assert parsed.training_script_args == ["-m", "rtj_trainer"]
+
+
+def test_non_retryable_codes_reach_the_shim_and_spares_get_a_short_exit_barrier() -> None:
+    argv = trainer_argv(job(faultTolerance={"nonRetryableExitCodes": [3, 42]}),
+                        OperatorSettings())
+    assert argv[3] == "--rtj-non-retryable-exit-codes=3,42,94"
+    assert not any(a.startswith("--rtj-exit-barrier") for a in argv)
+    spares = trainer_argv(job(faultTolerance={"spares": 1, "inProcessRestart": "Enabled"}),
+                          OperatorSettings())
+    options, rest = split_argv(spares[3:])
+    assert options.exit_barrier_timeout == 30.0
+    assert rest[0] == "--nnodes=9"
+
+
+def test_the_shim_refuses_options_it_does_not_know() -> None:
+    with pytest.raises(SystemExit, match="unknown option --rtj-nope"):
+        split_argv(["--rtj-nope=1", "--nnodes=1"])
+    with pytest.raises(SystemExit, match="comma-separated integers"):
+        split_argv(["--rtj-non-retryable-exit-codes=a", "--nnodes=1"])
 
 
 def test_nvrx_control_argv() -> None:

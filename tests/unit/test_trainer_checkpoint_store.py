@@ -206,3 +206,31 @@ def test_pruning_never_deletes_the_checkpoint_resumed_from_or_a_save_in_flight(
     kept = sorted(ck.step_of(p.name) or 0 for p in tmp_path.iterdir()
                   if not p.name.startswith("."))
     assert kept == [200, 210, 220, 300]
+
+
+def test_checkpoints_only_at_another_world_size_are_refused_naming_both(tmp_path: Path) -> None:
+    from rtj_trainer.checkpoint.store import other_world_sizes, refuse_other_world_size
+    from rtj_trainer.errors import FatalError, WorldSizeChangedError
+
+    refuse_other_world_size(tmp_path, world_size=4)  # nothing committed: a fresh start is fine
+    save_checkpoint(tmp_path, 5, world_size=2)
+    save_checkpoint(tmp_path, 10, world_size=2)
+    assert other_world_sizes(tmp_path, world_size=4) == [2]
+    with pytest.raises(WorldSizeChangedError) as refused:
+        refuse_other_world_size(tmp_path, world_size=4)
+    assert isinstance(refused.value, FatalError)
+    assert refused.value.reason == "WorldSizeChanged"
+    text = str(refused.value)
+    assert "written by 2 ranks, this job has 4" in text and str(tmp_path) in text
+    assert "not resharded" in text
+    refuse_other_world_size(tmp_path, world_size=2)  # the same world size resumes
+
+
+def test_one_checkpoint_at_this_world_size_is_enough_to_start(tmp_path: Path) -> None:
+    from rtj_trainer.checkpoint.store import other_world_sizes
+
+    save_checkpoint(tmp_path, 5, world_size=4)
+    save_checkpoint(tmp_path, 10, world_size=2)
+    assert other_world_sizes(tmp_path, world_size=4) == []
+    uncommitted = save_checkpoint(tmp_path, 15, world_size=8, commit=False)
+    assert uncommitted.is_dir() and other_world_sizes(tmp_path, world_size=2) == []

@@ -2,7 +2,11 @@
 
 Run one trainer worker (normally under `ft_launcher`, which starts one per local rank). Rank 0
 prints the summary JSON line as the last line of its output; the exit code is 0 only when the job
-reached its last step.
+reached its last step. An error that restarting cannot fix (`rtj_trainer.errors.FatalError`: a bad
+configuration, a checkpoint of other data, checkpoints only at another world size) exits with
+`FATAL_EXIT_CODE` (94), which stops ft_launcher's restarts (rtj_trainer.ftlaunch). Local rank 0
+writes the pod's termination message (rtj_trainer.termination) at the end and on a fatal error,
+when RTJ_TERMINATION_MESSAGE_PATH names the file.
 
 Progress goes through one logger, `rtj_trainer`, set up here: its lines go to stdout as
 `[rtj-trainer] ...` (or `[rtj-trainer rank N] ...` for lines every rank writes, logged with
@@ -16,9 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
-from .config import PRESETS, ConfigError, build_config, launch_environment
+from . import termination
+from .config import PRESETS, build_config, launch_environment
+from .errors import FATAL_EXIT_CODE, FatalError
 
 log = logging.getLogger("rtj_trainer")
 
@@ -60,6 +67,31 @@ def setup_logging(level: str) -> None:
     log.setLevel(min(logging.INFO, logging.getLevelName(level)))
 
 
+def _is_local_rank_zero() -> bool:
+    return os.environ.get("LOCAL_RANK", "0") in ("", "0")
+
+
+def report_termination(message: termination.TerminationMessage) -> None:
+    """Local rank 0 writes the pod's termination message (when the operator asked for one)."""
+    path = termination.configured_path()
+    if path is None or not _is_local_rank_zero():
+        return
+    try:
+        termination.write(path, message)
+    except OSError as exc:
+        print(f"rtj_trainer: cannot write the termination message {path}: {exc}", file=sys.stderr)
+
+
+def fatal(exc: FatalError) -> int:
+    """Report an error restarting cannot fix; the exit code stops ft_launcher's restarts."""
+    print(f"rtj_trainer: fatal ({exc.reason}): {exc}", file=sys.stderr, flush=True)
+    report_termination(termination.TerminationMessage(
+        outcome=termination.FAILED, reason=exc.reason, message=str(exc),
+        exit_code=FATAL_EXIT_CODE,
+    ))
+    return FATAL_EXIT_CODE
+
+
 def main(argv: list[str] | None = None) -> int:
     from . import timeline
 
@@ -71,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = build_config(preset=args.preset or ("tiny" if args.config is None else None),
                            file=args.config, overrides=args.overrides)
-    except ConfigError as exc:
-        print(f"rtj_trainer: {exc}", file=sys.stderr)
-        return 2
+        launch = launch_environment()
+    except FatalError as exc:
+        return fatal(exc)
     if args.print_config:
         print(json.dumps(cfg.model_dump(), indent=1))
         return 0
@@ -90,7 +122,6 @@ def main(argv: list[str] | None = None) -> int:
     from .train import train
 
     timeline.mark("imports")
-    launch = launch_environment()
     metrics = TrainerMetrics(rank=launch.rank, local_rank=launch.local_rank, job=cfg.job.name,
                              attempt=cfg.job.attempt)
     metrics.standby = waiting_as_spare
@@ -100,12 +131,19 @@ def main(argv: list[str] | None = None) -> int:
                  extra={"rank": launch.rank})
     resiliency = Resiliency(cfg, launch)
     try:
-        summary = resiliency.run(lambda session: train(cfg, session, metrics))
+        finished = resiliency.run(lambda session: train(cfg, session, metrics))
+    except FatalError as exc:
+        return fatal(exc)
     finally:
         resiliency.close()
         metrics.close()
-    if summary is not None:
-        print(json.dumps(summary), flush=True)
+    report_termination(termination.TerminationMessage(
+        outcome=termination.SUCCEEDED, step=finished.step,
+        committed_step=finished.committed_step, committed_time=finished.committed_time,
+        reason="Completed", message=f"training reached step {finished.step}", exit_code=0,
+    ))
+    if finished.summary is not None:
+        print(json.dumps(finished.summary), flush=True)
     return 0
 
 

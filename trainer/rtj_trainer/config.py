@@ -22,11 +22,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from .errors import FatalError
 from .faults import Fault, FaultSpecError, parse_faults
 
 
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown or invalid; the message names the field path."""
+class ConfigError(FatalError, ValueError):
+    """A configuration value is missing, unknown or invalid; the message names the field path.
+    Fatal: a restart reads the same configuration (rtj_trainer.errors)."""
+
+    reason = "ConfigurationError"
 
 
 class _Section(BaseModel):

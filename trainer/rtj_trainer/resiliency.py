@@ -49,6 +49,7 @@ import torch
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from .config import Config, ConfigError, LaunchEnvironment, launch_environment
+from .errors import FatalError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -283,17 +284,30 @@ class Resiliency:
             if local_rank is not None:
                 os.environ["LOCAL_RANK"] = local_rank
 
+        fatal: list[FatalError] = []
+
         def attempt(call_wrapper=None):  # type: ignore[no-untyped-def]
             iteration = int(call_wrapper.iteration)
             self.resume_rank_monitor()
             store = PrefixStore(f"rtj-iteration-{iteration}", self._application_store())
-            return train(Session(self, iteration=iteration, call_wrapper=call_wrapper,
-                                 store=store))
+            try:
+                return train(Session(self, iteration=iteration, call_wrapper=call_wrapper,
+                                     store=store))
+            except FatalError as exc:
+                # Restarting in place cannot help either: end the wrapper, not just this
+                # iteration, and hand the error to the caller below.
+                fatal.append(exc)
+                raise inprocess.exception.RestartAbort(str(exc)) from exc
 
         # The wrapper finds the CallWrapper parameter by its (real, not string) annotation.
         attempt.__annotations__ = {"call_wrapper": inprocess.CallWrapper}
         wrapped = wrapper(attempt)
-        result: T = wrapped()
+        try:
+            result: T = wrapped()
+        except BaseException:
+            if fatal:
+                raise fatal[0] from None
+            raise
         return result
 
 

@@ -5,12 +5,14 @@ behind `Session` (rtj_trainer.resiliency); everything that differs between CPU a
 rtj_trainer.parallel and rtj_trainer.checkpoint; what an attempt holds is the `Trainer`
 (rtj_trainer.trainer). One call of `train()` is one attempt: it resumes from the newest valid
 committed checkpoint (if any), runs to `train.steps`, waits for the final checkpoint to commit and
-returns the summary (rank 0) or None.
+returns where it ended (`Finished`: the summary on rank 0, and on every rank the last step and
+the newest committed checkpoint, for the pod's termination message).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,18 @@ from .resiliency import Session
 from .trainer import Trainer
 
 
-def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> dict[str, Any] | None:
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """How an attempt that reached the last step ended."""
+
+    summary: dict[str, Any] | None
+    """The summary JSON (rank 0; None elsewhere)."""
+    step: int
+    committed_step: int | None
+    committed_time: float | None
+
+
+def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
     trainer = Trainer.build(cfg, session)
     clean = False
     try:
@@ -39,7 +52,12 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> dict[str, A
         loop_seconds = time.perf_counter() - loop_began
         trainer.finish()
         clean = True
-        return trainer.summary(loop_seconds) if trainer.rank == 0 else None
+        committed_step, committed_time = trainer.newest_commit()
+        return Finished(
+            summary=trainer.summary(loop_seconds) if trainer.rank == 0 else None,
+            step=trainer.current_step, committed_step=committed_step,
+            committed_time=committed_time,
+        )
     finally:
         metrics.unwatch()
         trainer.close(clean=clean)

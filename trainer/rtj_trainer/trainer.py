@@ -26,10 +26,11 @@ import torch
 import torch.distributed as dist
 
 from . import parallel, timeline
-from .checkpoint import Checkpointer, CheckpointError
-from .checkpoint.store import read_commit_log
+from .checkpoint import Checkpointer, CheckpointError, read_manifest
+from .checkpoint.store import committed_checkpoints, read_commit_log
 from .config import Config
 from .data import TokenBatches
+from .errors import DataMismatchError
 from .ledger import LEDGER_FILE, Ledger, advance_ledger
 from .metrics import Snapshot
 from .resiliency import Session
@@ -188,9 +189,10 @@ class Trainer:
         if loaded is not None:
             state = loaded.state
             if state[DATA][FINGERPRINT] != self.data.fingerprint():
-                raise CheckpointError(
-                    f"checkpoint {loaded.directory.name} was written for other data "
-                    f"({state[DATA][FINGERPRINT]} != {self.data.fingerprint()})"
+                raise DataMismatchError(
+                    f"checkpoint {loaded.directory} was written for other data (fingerprint "
+                    f"{state[DATA][FINGERPRINT]}, this job's data has {self.data.fingerprint()}); "
+                    "restore the job's data settings or point checkpoint.dir elsewhere"
                 )
             self.load_state_dict(state)
             completed_at = float(state[STEP_COMPLETED_AT])
@@ -287,6 +289,18 @@ class Trainer:
             "attempt_checkpoint_stall_seconds_total": round(self.stall_seconds_total, 4),
             "attempt_checkpoint_stall_seconds_max": round(self.stall_seconds_max, 4),
         }
+
+    def newest_commit(self) -> tuple[int | None, float | None]:
+        """The step and commit time of the newest checkpoint committed at this world size, read
+        from its manifest (every rank can read it; only rank 0 commits)."""
+        for directory in committed_checkpoints(Path(self.cfg.checkpoint.dir)):
+            try:
+                manifest = read_manifest(directory)
+            except CheckpointError:
+                continue
+            if manifest.world_size == self.ctx.world_size:
+                return manifest.step, manifest.committed_at
+        return None, None
 
     def close(self, *, clean: bool) -> None:
         """Stop the checkpoint writer (abandoning its work unless `clean`) and free the device."""

@@ -40,5 +40,7 @@ mapfile -t FT_FLAGS < <("$BIN/python" -m rtj_operator.ftflags \
   --heartbeat-timeout="$RTJ_HEARTBEAT_TIMEOUT_SECONDS" --gpus="$GPUS")
 [[ ${#FT_FLAGS[@]} -gt 0 ]] || { echo "[train-local] python -m rtj_operator.ftflags failed" >&2; exit 2; }
 
-exec "$BIN/ft_launcher" --standalone --nnodes=1 --nproc-per-node=2 "${FT_FLAGS[@]}" \
+# ft_launcher through the shim the pods run (rtj_trainer/ftlaunch.py): a worker that exits with
+# 94 (rtj_trainer.errors.FATAL_EXIT_CODE: restarting cannot help) ends the run with 93 at once.
+exec "$BIN/python" -m rtj_trainer.ftlaunch --rtj-non-retryable-exit-codes=94 --standalone --nnodes=1 --nproc-per-node=2 "${FT_FLAGS[@]}" \
   --no-python "$BIN/python" -m rtj_trainer --preset tiny "$@"

@@ -360,6 +360,16 @@ class Checkpoint(ApiModel):
             "`Sync` blocks the step loop until the checkpoint is committed."
         ),
     )
+    stale_after_intervals: int = Field(
+        default=3,
+        description=(
+            "Raise the `CheckpointStale` condition (and a Warning Event) when the job's step is "
+            "more than this many checkpoint intervals past the newest committed checkpoint "
+            "(`status.lastCheckpoint`); it clears when a commit catches up."
+        ),
+        ge=1,
+        le=1000,
+    )
 
     @field_validator("path")
     @classmethod
@@ -545,8 +555,12 @@ class FaultTolerance(ApiModel):
     non_retryable_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
         default_factory=list,
         description=(
-            "Container exit codes that fail the job at once instead of restarting (93, NVRx's "
-            "'do not restart', always does)."
+            "Exit codes that fail the job at once instead of restarting. Each is matched "
+            "against a trainer worker's exit code (the launcher shim then stops ft_launcher's "
+            "restarts and reports the code in the pod's termination message) and against the "
+            "trainer container's own exit code (ft_launcher's: 1, or 128+N for signal N). 93 "
+            "(ft_launcher's 'do not restart') and the trainer's fatal-error code 94 always "
+            "fail the job."
         ),
         max_length=32,
         json_schema_extra={"x-kubernetes-list-type": "set", "default": []},

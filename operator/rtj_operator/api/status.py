@@ -51,6 +51,9 @@ class ConditionType(StrEnum):
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    CHECKPOINT_STALE = "CheckpointStale"
+    """The job's step is more than `checkpoint.staleAfterIntervals` x `intervalSteps` past the
+    newest committed checkpoint."""
     PODS_NOT_STARTING = "PodsNotStarting"
     """A pod is Pending with a reason from the scheduler or the kubelet (Unschedulable,
     ImagePullBackOff, ...), or past podStartTimeoutSeconds."""
@@ -114,9 +117,13 @@ class Reason(StrEnum):
     COMPLETED = "Completed"
     DEADLINE = "DeadlineExceeded"
     NON_RETRYABLE = "NonRetryableExitCode"
+    TRAINER_FATAL = "TrainerFatalError"
+    """A trainer reported an error that restarting cannot fix (its termination message)."""
     BUDGET = "RestartBudgetExceeded"
     PARTIAL = "PartialCompletion"
     INVALID = "InvalidSpec"
+    CHECKPOINT_STALE = "CheckpointStale"
+    CHECKPOINT_CURRENT = "CheckpointCurrent"
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -157,9 +164,10 @@ class Condition(ApiModel):
     type: ConditionTypeField = Field(
         description=(
             "`Ready` (summary: the job is training or finished well), `Running`, `Recovering`, "
-            "`Suspended`, `Succeeded`, `Failed`, `PodsNotStarting` (a pod is Pending with the "
-            "scheduler's or the kubelet's reason, which the condition's reason and message "
-            "carry)."
+            "`Suspended`, `Succeeded`, `Failed`, `CheckpointStale` (the step is more than "
+            "`checkpoint.staleAfterIntervals` x `intervalSteps` past the newest committed "
+            "checkpoint), `PodsNotStarting` (a pod is Pending with the scheduler's or the "
+            "kubelet's reason, which the condition's reason and message carry)."
         )
     )
     status: ConditionStatus = Field(description="`True`, `False`, `Unknown`.")

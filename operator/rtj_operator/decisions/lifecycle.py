@@ -8,15 +8,25 @@ Faults and their recovery (rule 7) are in `liveness.py` and `recovery.py`.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from rtj_operator import builders, naming
-from rtj_operator.api.status import ConditionType, JobState, RankState, Reason
+from rtj_operator.api.status import (
+    ConditionType,
+    JobState,
+    LastCheckpoint,
+    RankState,
+    Reason,
+    ResilientTrainingJobStatus,
+)
 from rtj_operator.decisions import recovery, status
-from rtj_operator.decisions.state import Decision, _Pass
+from rtj_operator.decisions.state import Decision, _Pass, from_unix, whole_second
 from rtj_operator.intents import DeleteJob, DeletePod, SetClaimOwner
+from rtj_operator.launcher import TRAINER_FATAL_EXIT_CODE
 
 NO_RESTART_EXIT_CODE = 93
-"""ft_launcher's `--ft-no-restart-exit-code`: NVRx decided the job must not be restarted."""
+"""ft_launcher's `--ft-no-restart-exit-code`: NVRx decided the job must not be restarted (also
+what every launcher exits with after a worker exited with a non-retryable code: ftlaunch)."""
 
 
 # --- rule 1: finished ---------------------------------------------------------------------------
@@ -107,7 +117,28 @@ def past_deadline(p: _Pass, start_time: datetime) -> Decision | None:
 
 
 def non_retryable_exit(p: _Pass, start_time: datetime) -> Decision | None:
-    permanent = {NO_RESTART_EXIT_CODE, *p.spec.fault_tolerance.non_retryable_exit_codes}
+    """A trainer that said restarting cannot help (its termination message), a worker or a
+    container that exited with a code that must not be retried: Failed at once, even while
+    other pods still run."""
+    codes = set(p.spec.fault_tolerance.non_retryable_exit_codes)
+    for index, pod in sorted(p.observed.trainer_pods.items()):
+        outcome = pod.outcome
+        if outcome is None or not outcome.failed:
+            continue
+        said = f": {outcome.message}" if outcome.message else ""
+        if outcome.exit_code in codes and outcome.exit_code != TRAINER_FATAL_EXIT_CODE:
+            return recovery.fail(
+                p, Reason.NON_RETRYABLE,
+                f"a worker of pod {pod.name} exited with code {outcome.exit_code}, which is "
+                f"listed in nonRetryableExitCodes{said}",
+                start_time, failed_index=index,
+            )
+        return recovery.fail(
+            p, Reason.TRAINER_FATAL,
+            f"the trainer of pod {pod.name} reported {outcome.reason or 'a fatal error'}{said}",
+            start_time, failed_index=index,
+        )
+    permanent = {NO_RESTART_EXIT_CODE, TRAINER_FATAL_EXIT_CODE, *codes}
     for index, pod in sorted(p.observed.trainer_pods.items()):
         if pod.phase == "Failed" and pod.exit_code in permanent:
             return recovery.fail(
@@ -116,6 +147,34 @@ def non_retryable_exit(p: _Pass, start_time: datetime) -> Decision | None:
                 start_time, failed_index=index,
             )
     return None
+
+
+def final_progress(p: _Pass, written: ResilientTrainingJobStatus) -> ResilientTrainingJobStatus:
+    """The final step and newest checkpoint of a job that succeeded: what the trainers said in
+    their termination messages (the last scrape may predate the final steps). Without messages
+    (a trainer that writes none), the final checkpoint is the best evidence."""
+    said = [pod.outcome for pod in p.observed.trainer_pods.values()
+            if pod.outcome is not None and not pod.outcome.failed]
+    steps = [o.step for o in said if o.step is not None]
+    commits = [o for o in said if o.committed_step is not None]
+    update: dict[str, Any] = {}
+    if steps:
+        update["step"] = min(steps)
+    if commits:
+        newest = max(commits, key=lambda o: o.committed_step or 0)
+        assert newest.committed_step is not None
+        update["last_checkpoint"] = LastCheckpoint(
+            step=newest.committed_step,
+            time=(whole_second(from_unix(newest.committed_time))
+                  if newest.committed_time is not None else None),
+        )
+    if steps:
+        return written.model_copy(update=update)
+    checkpoint = update.get("last_checkpoint", written.last_checkpoint)
+    step = written.step if written.step is not None else -1
+    if checkpoint is not None and checkpoint.step > step:
+        update["step"] = checkpoint.step
+    return written.model_copy(update=update)
 
 
 # --- rule 6: completion -------------------------------------------------------------------------
@@ -147,13 +206,7 @@ def completion(p: _Pass, start_time: datetime) -> Decision | None:
             conditions={ConditionType.SUCCEEDED: True, ConditionType.READY: True},
             start_time=start_time, ready_nodes=p.spec.nodes, completion_time=p.now,
         )
-        # The trainers are gone, so the last scrape may predate the final steps; the final
-        # checkpoint (written at the last step) is the best evidence of where training ended.
-        checkpoint = written.last_checkpoint
-        step = written.step if written.step is not None else -1
-        if checkpoint is not None and checkpoint.step > step:
-            written = written.model_copy(update={"step": checkpoint.step})
-        return status.decision(p, written)
+        return status.decision(p, final_progress(p, written))
     still_running = [pod for i, pod in pods.items() if not pod.terminated and i not in p.waiting]
     if any(i not in pods for i in needed):
         return recovery.fail(p, Reason.PARTIAL,

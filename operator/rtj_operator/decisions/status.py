@@ -185,6 +185,28 @@ def _training_progress(p: _Pass) -> dict[str, Any]:
     return result
 
 
+def checkpoint_staleness(
+    p: _Pass, state: JobState, progress: dict[str, Any]
+) -> tuple[bool, str]:
+    """Whether the job's step is more than `staleAfterIntervals` checkpoint intervals past the
+    newest committed checkpoint (only while the job is starting, running or recovering), and
+    why."""
+    step = progress.get("step")
+    if step is None or state not in (JobState.PENDING, JobState.RUNNING, JobState.RECOVERING):
+        return False, ""
+    checkpoint = progress.get("last_checkpoint")
+    committed = checkpoint.step if checkpoint is not None else 0
+    checkpoint_spec = p.spec.checkpoint
+    limit = checkpoint_spec.stale_after_intervals * checkpoint_spec.interval_steps
+    lag = step - committed
+    newest = f"step {committed}" if checkpoint is not None else "none yet"
+    return lag > limit, (
+        f"step {step} is {lag} steps past the newest committed checkpoint ({newest}), more than "
+        f"staleAfterIntervals x intervalSteps = {checkpoint_spec.stale_after_intervals} x "
+        f"{checkpoint_spec.interval_steps}"
+    )
+
+
 def _conditions(
     p: _Pass, truths: dict[ConditionType, bool], reason: str, message: str,
     details: dict[ConditionType, tuple[str, str]] | None = None,
@@ -228,9 +250,20 @@ def build(
     restarts = p.restarts.model_copy(update={
         "total": p.restarts.rank + p.restarts.full + p.restarts.launcher + p.restarts.in_process
     })
+    progress = _training_progress(p)
+    stale, why = checkpoint_staleness(p, state, progress)
+    was_stale = any(c.type == ConditionType.CHECKPOINT_STALE and c.status == "True"
+                    for c in p.prev.conditions)
+    if stale and not was_stale:
+        p.event("Warning", Reason.CHECKPOINT_STALE, f"Checkpoints are stale: {why}")
+    elif was_stale and not stale and state != JobState.SUSPENDED:
+        p.event("Normal", Reason.CHECKPOINT_CURRENT, "A committed checkpoint caught up")
+    own = {ConditionType.CHECKPOINT_STALE: (
+        Reason.CHECKPOINT_STALE if stale else Reason.CHECKPOINT_CURRENT, why)}
     fields: dict[str, Any] = {
         "observed_generation": p.job.metadata.generation,
-        "conditions": _conditions(p, conditions, reason, message, details),
+        "conditions": _conditions(p, {**conditions, ConditionType.CHECKPOINT_STALE: stale},
+                                  reason, message, {**(details or {}), **own}),
         "state": state,
         "reason": reason,
         "message": message[:32768],
@@ -240,7 +273,7 @@ def build(
         "restarts": restarts,
         "ranks": [p.ranks[i] for i in range(p.pods)],
         "incidents": _bounded(p.incidents),
-        **_training_progress(p),
+        **progress,
     }
     if p.progress_step is not None and p.progress_since is not None:
         fields["progress_clock"] = ProgressClock(step=p.progress_step,

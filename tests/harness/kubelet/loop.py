@@ -242,6 +242,7 @@ class Kubelet(RuntimeMixin):
         returncode = container.popen.wait()
         container.exit_code = exit_code_of(returncode)
         container.finished_at = now_rfc3339()
+        container.read_termination_message()
         if container.cgroup is not None:
             cgroups.signal_all(container.cgroup, signal.SIGKILL)  # the container's leftovers
         log(f"{run.namespace}/{run.name}/{container_name} exited with {container.exit_code}")

@@ -254,6 +254,13 @@ class RuntimeMixin(PodStatusMixin):
         mounts["/tmp"] = (str(pod_dir / "tmp"), False)
         for keep in paths_to_keep_visible(pod_dir / "work", env.get("PATH", "")):
             mounts[str(keep)] = (str(keep), False)
+        # Like the kubelet: a file per container, mounted at terminationMessagePath (the API
+        # server defaults it to /dev/termination-log); read when the container exits.
+        termination_file = pod_dir / f"termination-{container['name']}"
+        termination_file.write_bytes(b"")
+        termination_file.chmod(0o666)
+        termination_path = container.get("terminationMessagePath") or "/dev/termination-log"
+        mounts[termination_path] = (str(termination_file), False)
         for mount in container.get("volumeMounts", []) or []:
             if mount["name"] not in volumes:
                 raise NotReadyToStart("CreateContainerConfigError", f"no volume {mount['name']}")
@@ -271,6 +278,8 @@ class RuntimeMixin(PodStatusMixin):
             "working_dir": container.get("workingDir") or None,
             "mounts": [[source, target, ro] for target, (source, ro) in mounts.items()],
             "mounts_plan": [{"target": target} for target in mounts],
+            "termination_file": str(termination_file),
+            "termination_policy": container.get("terminationMessagePolicy") or "File",
         }
 
     def create_host_mountpoints(self, targets: set[str]) -> list[Path]:
@@ -325,6 +334,8 @@ class RuntimeMixin(PodStatusMixin):
             cgroup=cgroup,
             spec_file=spec_file,
             log_file=log_file,
+            termination_file=Path(plan["termination_file"]),
+            termination_policy=plan["termination_policy"],
         )
 
     def launch(
@@ -355,6 +366,9 @@ class RuntimeMixin(PodStatusMixin):
             container.restart_at = None
             container.restart_count += 1
             container.exit_code = container.finished_at = None
+            container.termination_message = None
+            if container.termination_file is not None:  # a new container: a new, empty file
+                container.termination_file.write_bytes(b"")
             container.started_at = now_rfc3339()
             container.popen = self.launch(
                 run, container.name, container.spec_file, container.log_file

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import CheckpointConfig
+from ..errors import WorldSizeChangedError
 from .format import (
     MANIFEST,
     CheckpointError,
@@ -65,6 +66,7 @@ from .store import (
     failed_writes,
     is_abandoned,
     prune,
+    refuse_other_world_size,
     validation_problems,
     write_latest_committed_step,
 )
@@ -339,8 +341,16 @@ class Checkpointer:
 
     def load_latest(self) -> LoadedCheckpoint | None:
         """Collective: the newest checkpoint that every rank finds valid, or None."""
-        names = [[p.name for p in committed_checkpoints(self.root)]]
+        # Rank 0 looks; every rank gets the same answer (and raises the same fatal error).
+        names: list[Any] = [[p.name for p in committed_checkpoints(self.root)], None]
+        if self.rank == 0:
+            try:
+                refuse_other_world_size(self.root, world_size=self.world_size)
+            except WorldSizeChangedError as exc:
+                names[1] = str(exc)
         dist.broadcast_object_list(names, src=0)
+        if names[1] is not None:
+            raise WorldSizeChangedError(names[1])
         if self._local is not None:
             newest_committed = max((step_of(n) or -1 for n in names[0]), default=-1)
             local = self._load_local(newest_committed)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..errors import WorldSizeChangedError
 from ..files import write_json_atomic
 from .format import (
     MANIFEST,
@@ -93,6 +94,19 @@ def committed_checkpoints(root: Path) -> list[Path]:
     return [entry for _, _, entry in found]
 
 
+def refuse_other_world_size(root: Path, *, world_size: int) -> None:
+    """Raise `WorldSizeChangedError` (fatal) when committed checkpoints exist only at another
+    world size: starting from step 0 instead would silently throw the training away."""
+    others = other_world_sizes(root, world_size=world_size)
+    if others:
+        shown = " or ".join(str(n) for n in others)
+        raise WorldSizeChangedError(
+            f"the committed checkpoints in {root} were written by {shown} ranks, this job has "
+            f"{world_size}: checkpoints are per-rank shards and are not resharded. Run with "
+            f"{shown} ranks again, or move the checkpoints away to start from step 0"
+        )
+
+
 def newest_valid_checkpoint(
     root: Path, *, world_size: int, verify_checksums: bool = True
 ) -> tuple[Path | None, list[str]]:
@@ -106,6 +120,19 @@ def newest_valid_checkpoint(
             return ckpt_dir, rejected
         rejected.extend(problems)
     return None, rejected
+
+
+def other_world_sizes(root: Path, *, world_size: int) -> list[int]:
+    """The world sizes of the committed checkpoints under `root` when none of them was written at
+    `world_size` (then no checkpoint can be resumed: they are per-rank shards, never resharded);
+    [] when one was, or when there is none. Unreadable manifests are left out."""
+    sizes = set()
+    for ckpt_dir in committed_checkpoints(root):
+        try:
+            sizes.add(read_manifest(ckpt_dir).world_size)
+        except CheckpointError:
+            continue
+    return [] if not sizes or world_size in sizes else sorted(sizes)
 
 
 ABANDONED = "abandoned"
