@@ -144,13 +144,24 @@ class FaultResult:
 def analyse_fault(result: FaultResult, records: list[StepRecord],
                   commits: dict[int, float]) -> FaultResult:
     """Fill the recovery fields from rank 0's step records and when each checkpoint step was
-    first seen committed (step -> unix time)."""
+    first seen committed (step -> unix time).
+
+    Recovered means a new training attempt (another attempt identity: a new process group after
+    an in-process, launcher, pod or full restart) completed a step after the fault. A fault that
+    needed no restart (the job went on in the same attempt to its end, as when a writer died
+    between saves) is recovered and `absorbed`, with no seconds."""
     if result.injected_at is None:
         return result
-    after = [r for r in records if r.at > result.injected_at]
     committed = [step for step, at in commits.items() if at <= result.injected_at]
     result.committed_at_fault = max(committed, default=-1)
+    before = [r for r in records if r.at <= result.injected_at]
+    running = max(before, key=lambda r: r.at).attempt if before else None
+    after = [r for r in records if r.at > result.injected_at and r.attempt != running]
     if not after:
+        if result.detail.get("job_ended"):
+            result.recovered = True
+            result.detail["absorbed"] = True
+            result.steps_lost_beyond_commit = 0
         return result
     first = min(after, key=lambda r: r.at)
     result.recovered = True
@@ -417,11 +428,25 @@ class Campaign:
 
     def wait_for_recovery(self, plan: JobPlan, result: FaultResult, commits: dict[int, float],
                           deadline: float) -> None:
+        """Until a new attempt completed a step after the fault, or the job ended (a fault that
+        needed no restart: `analyse_fault` calls it absorbed)."""
         assert result.injected_at is not None
         injected = result.injected_at
-        self.wait_until("the first step after the fault", deadline,
-                        lambda: any(r.at > injected for r in self.records(plan.name)),
-                        commits, plan.name)
+        records = self.records(plan.name)
+        before = [r for r in records if r.at <= injected]
+        running = max(before, key=lambda r: r.at).attempt if before else None
+
+        def new_attempt() -> bool:
+            return any(r.at > injected and r.attempt != running
+                       for r in self.records(plan.name))
+
+        try:
+            self.wait_until("a new attempt's first step after the fault", deadline, new_attempt,
+                            commits, plan.name)
+        except TimeoutError:
+            if self.status(plan.name).get("state") != "Succeeded":
+                raise
+            result.detail["job_ended"] = True
 
     def after(self, fault: PlannedFault, result: FaultResult) -> None:
         if fault.kind == "node-partition" and "node" in result.detail:
