@@ -249,6 +249,10 @@ class Campaign:
         self.namespace = self.cluster.create_namespace("chaos")
         self.operator: StampedProcess | None = None
         self.operator_starts = 0
+        from .operator_recovery import operator_ports
+
+        self.operator_ports = operator_ports()
+        """Kept across operator restarts: the running jobs' pods use its rendezvous port."""
         self.start_operator()
 
     def start_operator(self) -> None:
@@ -256,7 +260,8 @@ class Campaign:
 
         self.operator_starts += 1
         self.operator = start_operator(
-            self.cluster, self.work_dir / f"operator-{self.operator_starts}.log", None)
+            self.cluster, self.work_dir / f"operator-{self.operator_starts}.log", None,
+            self.operator_ports)
 
     def kill_operator(self) -> None:
         assert self.operator is not None

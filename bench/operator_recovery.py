@@ -302,13 +302,20 @@ def render(results: dict[str, Any]) -> str:
     ])
 
 
-def start_operator(cluster: Any, log_path: Path, reconcile: float | None) -> StampedProcess:
-    liveness = free_port()
-    env = cluster.env() | {
-        "RTJ_OPERATOR_METRICS_PORT": str(free_port()),
-        "RTJ_OPERATOR_LIVENESS_PORT": str(liveness),
-        "RTJ_OPERATOR_RENDEZVOUS_PORT": str(free_port()),
-    }
+def operator_ports() -> dict[str, str]:
+    """Free ports for one operator: metrics, liveness and the rendezvous port it gives jobs."""
+    return {"RTJ_OPERATOR_METRICS_PORT": str(free_port()),
+            "RTJ_OPERATOR_LIVENESS_PORT": str(free_port()),
+            "RTJ_OPERATOR_RENDEZVOUS_PORT": str(free_port())}
+
+
+def start_operator(cluster: Any, log_path: Path, reconcile: float | None,
+                   ports: dict[str, str] | None = None) -> StampedProcess:
+    """The operator as a subprocess, live. An operator started again must get the same `ports`:
+    the rendezvous port is part of the running jobs' pods."""
+    ports = ports or operator_ports()
+    liveness = int(ports["RTJ_OPERATOR_LIVENESS_PORT"])
+    env = cluster.env() | ports
     if reconcile is not None:
         env["RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS"] = f"{reconcile:g}"
     operator = StampedProcess([sys.executable, "-m", "rtj_operator"], log_path=log_path, env=env)
