@@ -11,6 +11,7 @@ session's cluster stays usable.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from e2e.test_operator_jobs import (
     wait_for,
 )
 from harness.cluster import Cluster
+from harness.control import NodeControlError
 
 if TYPE_CHECKING:
     from e2e.conftest import OperatorProcess
@@ -171,6 +173,10 @@ def test_a_pod_deleted_while_its_node_is_partitioned_is_replaced(
         cluster.nodes.heal_node(lost_node)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "known defect found by this test: the healthy pod's heartbeats stop too (its workers wait "
+    "in the collective, then its launcher waits in the rendezvous), so both pods time out in "
+    "the same pass: FullRestart, and the healthy node is excluded as well"))
 def test_a_node_whose_pod_hung_is_excluded_and_the_pod_replaced_elsewhere(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
@@ -193,7 +199,8 @@ def test_a_node_whose_pod_hung_is_excluded_and_the_pod_replaced_elsewhere(
         new = wait_for("pod 1 replaced", lambda: replacement(cluster, ns, f"{name}-1", old_uid),
                        timeout=180, context=context)
     finally:
-        cluster.nodes.thaw_pod(ns, f"{name}-1")
+        with contextlib.suppress(NodeControlError):  # gone when no new pod 1 exists
+            cluster.nodes.thaw_pod(ns, f"{name}-1")
     assert new["spec"]["nodeName"] != bad_node, context()
     avoid = new["spec"]["affinity"]["nodeAffinity"][
         "preferredDuringSchedulingIgnoredDuringExecution"]
@@ -203,6 +210,9 @@ def test_a_node_whose_pod_hung_is_excluded_and_the_pod_replaced_elsewhere(
     assert excluded[bad_node]["reason"] == "HeartbeatTimeout", now
     assert excluded[bad_node]["nodeIndex"] == 1, now
     assert "no heartbeat" in excluded[bad_node]["message"], now
+    healthy = trainers[f"{name}-0"]["spec"]["nodeName"]
+    assert healthy not in excluded, now  # pod 0 only waited for pod 1
+    assert now["restarts"]["full"] == 0, now
     incident = next(i for i in now["incidents"] if i["cause"] == "HeartbeatTimeout")
     assert incident["nodeIndex"] == 1, now
     excluded_events = events(cluster, ns, "NodeExcluded")
