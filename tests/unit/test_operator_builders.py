@@ -260,8 +260,11 @@ USER_AFFINITY: dict[str, Any] = {
     },
     "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
 }
+# One requirement per node: the API server refuses a `metadata.name` field selector with more
+# than one value ("must have one element"), so two excluded nodes are two ANDed requirements.
 AVOID_TERM = {"weight": 100, "preference": {"matchFields": [
-    {"key": "metadata.name", "operator": "NotIn", "values": ["ip-10-0-1-5", "ip-10-0-1-7"]}]}}
+    {"key": "metadata.name", "operator": "NotIn", "values": ["ip-10-0-1-5"]},
+    {"key": "metadata.name", "operator": "NotIn", "values": ["ip-10-0-1-7"]}]}}
 
 
 def test_a_trainer_pod_prefers_every_node_but_the_excluded_ones() -> None:
