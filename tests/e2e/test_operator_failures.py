@@ -45,6 +45,9 @@ def fault_free_loss(cluster: Cluster, ns: str, operator: OperatorProcess,
     """The final loss of the same job without faults (run once per step count and session)."""
     if steps not in _REFERENCE_LOSS:
         name = "plain"
+        # One job at a time: every job's rendezvous store listens on the same port.
+        wait_for("the previous job's rendezvous pod to be gone",
+                 lambda: not pods_by_role(cluster, ns, "rendezvous"), timeout=60)
         apply(cluster, ns, cpu_tiny(name, steps=steps, faults=None))
         finish(cluster, ns, name, operator)
         assert status(cluster, ns, name)["state"] == "Succeeded", describe(
