@@ -335,6 +335,12 @@ def _liveness_faults(p: _Pass) -> list[DetectedFault]:
     nodes = [_node_liveness(p, i) for i in p.active()]
     if any(n is None or completed_step(n) is None for n in nodes):
         return []
+    if any(n is not None and oldest_heartbeat(n) is None for n in nodes):
+        # A rank that answers but has not sent its first heartbeat is still starting (imports,
+        # model, checkpoint load: initialHeartbeatTimeoutSeconds covers that); the step it
+        # shows is no stall. The progress clock starts at the first heartbeats.
+        p.progress_step, p.progress_since = None, None
+        return []
     job_step = min(s for s in steps.values() if s is not None)
     if p.progress_step is None or job_step > p.progress_step or p.progress_since is None:
         p.progress_step, p.progress_since = job_step, p.now
