@@ -109,6 +109,53 @@ def _scheduling(job: ResilientTrainingJob) -> Manifest:
     return spec
 
 
+POD_SECURITY_DEFAULTS: Manifest = {
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""Every pod's securityContext unless podTemplate.securityContext replaces a field: what Pod
+Security `restricted` asks of a pod (the trainer image runs as user 10001)."""
+CONTAINER_SECURITY_DEFAULTS: Manifest = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+"""Every container's securityContext unless podTemplate.containerSecurityContext replaces a
+field: what Pod Security `restricted` asks of a container."""
+MEMORY_LOCK_CAPABILITY = "IPC_LOCK"
+"""Added to the trainer container with podTemplate.memoryLock (EFA pins memory for RDMA
+[aws-sample]); not in Pod Security `baseline`."""
+
+
+def pod_security_context(job: ResilientTrainingJob) -> Manifest:
+    """The pod securityContext: the defaults, each field the template sets replacing its own."""
+    template = job.spec.pod_template
+    merged = copy.deepcopy(POD_SECURITY_DEFAULTS)
+    if template is not None and template.security_context is not None:
+        merged.update(template.security_context.to_api())
+    return merged
+
+
+def container_security_context(job: ResilientTrainingJob, *, memory_lock: bool) -> Manifest:
+    """A container's securityContext: the defaults, each field the template sets replacing its
+    own (`capabilities` as a whole), then IPC_LOCK added when `memory_lock`."""
+    template = job.spec.pod_template
+    merged = copy.deepcopy(CONTAINER_SECURITY_DEFAULTS)
+    if template is not None and template.container_security_context is not None:
+        merged.update(template.container_security_context.to_api())
+    if memory_lock:
+        capabilities = merged.setdefault("capabilities", {})
+        added = list(capabilities.get("add") or [])
+        if MEMORY_LOCK_CAPABILITY not in added:
+            added.append(MEMORY_LOCK_CAPABILITY)
+        capabilities["add"] = added
+    return merged
+
+
+def _automount_token(job: ResilientTrainingJob) -> bool:
+    template = job.spec.pod_template
+    return template is not None and template.automount_service_account_token
+
+
 def _template_tolerations(job: ResilientTrainingJob) -> list[Manifest]:
     template = job.spec.pod_template
     return [t.to_api() for t in template.tolerations] if template is not None else []
@@ -166,6 +213,9 @@ def trainer_env(
         *((("RTJ_FAULT_INJECTION", "1"),)
           if spec.fault_tolerance.fault_injection == "Enabled" else ()),
         ("RTJ_HEARTBEAT_TIMEOUT_SECONDS", str(spec.fault_tolerance.heartbeat_timeout_seconds)),
+        # Other jobs whose checkpoints this one may resume (the trainer refuses any other's).
+        *((("RTJ_CHECKPOINT_RESUME_FROM_JOBS", ",".join(spec.checkpoint.resume_from_jobs)),)
+          if spec.checkpoint.resume_from_jobs else ()),
         # Where local rank 0 writes how the pod ended (rtj_operator.termination).
         ("RTJ_TERMINATION_MESSAGE_PATH", TERMINATION_MESSAGE_PATH),
     ]
@@ -277,10 +327,9 @@ def trainer_pod(
         # none and the container failed, the kubelet keeps the log's tail there instead.
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": container_security_context(
+            job, memory_lock=template is not None and template.memory_lock),
     }
-    if plan.efa_devices:
-        # EFA registers (pins) memory for RDMA, which needs IPC_LOCK [aws-sample].
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
 
     pod_spec: Manifest = {
         "hostname": name,
@@ -289,6 +338,8 @@ def trainer_pod(
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": plan.termination_grace_period_seconds,
         "enableServiceLinks": False,
+        "automountServiceAccountToken": _automount_token(job),
+        "securityContext": pod_security_context(job),
         "containers": [container],
         "volumes": volumes,
         **_scheduling(job),
@@ -321,6 +372,8 @@ def rendezvous_pod(
         "hostname": name,
         "restartPolicy": "Never",
         "enableServiceLinks": False,
+        "automountServiceAccountToken": _automount_token(job),
+        "securityContext": pod_security_context(job),
         "terminationGracePeriodSeconds": 10,
         "containers": [
             {
@@ -332,6 +385,7 @@ def rendezvous_pod(
                 "ports": [{"name": "rendezvous", "containerPort": settings.rendezvous_port,
                            "protocol": "TCP"}],
                 "resources": {"requests": dict(RENDEZVOUS_REQUESTS)},
+                "securityContext": container_security_context(job, memory_lock=False),
             }
         ],
         **_scheduling(job),
