@@ -38,6 +38,9 @@ def _create(
         core.create_namespaced_service(namespace, body, _request_timeout=timeout)
     elif kind == "PersistentVolumeClaim":
         core.create_namespaced_persistent_volume_claim(namespace, body, _request_timeout=timeout)
+    elif kind == "NetworkPolicy":
+        kubernetes.client.NetworkingV1Api(core.api_client).create_namespaced_network_policy(
+            namespace, body, _request_timeout=timeout)
     else:
         raise ValueError(f"cannot create a {kind}")
 

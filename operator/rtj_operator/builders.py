@@ -1,12 +1,12 @@
 """Every Kubernetes object the operator creates for a job, as pure functions of the parsed job.
 
 Objects (names and labels in docs/design.md): the trainer pods `<job>-<i>`, the rendezvous pod and
-ClusterIP Service `<job>-rdzv`, the headless Service `<job>`, and, for a dynamic checkpoint
-volume, the ReadWriteMany claim `<job>-checkpoints`. Each carries an ownerReference to the job
-(controller=true), so deleting the job deletes them through the garbage collector. Golden tests
-pin the p5.48xlarge trainer pod (tests/unit/golden/). The pod builders read the pass's `PodPlan`
-(`podplan.py`: resources, device counts, procs, grace period, rendezvous id) instead of resolving
-the instance profile themselves.
+ClusterIP Service `<job>-rdzv`, the headless Service `<job>`, the NetworkPolicy `<job>` (unless
+switched off), and, for a dynamic checkpoint volume, the ReadWriteMany claim `<job>-checkpoints`.
+Each carries an ownerReference to the job (controller=true), so deleting the job deletes them
+through the garbage collector. Golden tests pin the p5.48xlarge trainer pod (tests/unit/golden/).
+The pod builders read the pass's `PodPlan` (`podplan.py`: resources, device counts, procs, grace
+period, rendezvous id) instead of resolving the instance profile themselves.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from rtj_operator import launcher, naming, profiles
 from rtj_operator.api import API_VERSION, KIND
 from rtj_operator.api.models import ResilientTrainingJob
-from rtj_operator.config import OperatorSettings
+from rtj_operator.config import OperatorSettings, label_map
 from rtj_operator.intents import Manifest
 from rtj_operator.podplan import PodPlan
 
@@ -442,6 +442,44 @@ def headless_service(job: ResilientTrainingJob, *, settings: OperatorSettings) -
             "selector": {naming.JOB_LABEL: job.name, naming.ROLE_LABEL: naming.ROLE_TRAINER},
             "ports": [{"name": "metrics", "port": settings.trainer_metrics_port,
                        "targetPort": settings.trainer_metrics_port, "protocol": "TCP"}],
+        },
+    }
+
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+"""Set by the API server on every namespace: selects the operator's namespace by name."""
+
+
+def network_policy(
+    job: ResilientTrainingJob, *, plan: PodPlan, settings: OperatorSettings
+) -> Manifest:
+    """NetworkPolicy `<job>`: the job's pods accept ingress only from the job's own pods (every
+    port: the rendezvous store, the trainers' c10d/gloo/NCCL sockets, metrics) and, on the
+    trainers' metrics ports, from the operator's pods (when the settings name them). Egress is
+    not restricted. Enforced only by a CNI that implements NetworkPolicy (docs/security.md)."""
+    job_pods = {"podSelector": {"matchLabels": {naming.JOB_LABEL: job.name}}}
+    ingress: list[Manifest] = [{"from": [job_pods]}]
+    operator_labels = label_map(settings.network_policy_operator_labels)
+    if settings.network_policy_operator_namespace:
+        peer: Manifest = {"namespaceSelector": {"matchLabels": {
+            NAMESPACE_NAME_LABEL: settings.network_policy_operator_namespace}}}
+        peer["podSelector"] = {"matchLabels": operator_labels} if operator_labels else {}
+        first = settings.trainer_metrics_port
+        last = first + plan.procs_per_node - 1
+        port: Manifest = {"protocol": "TCP", "port": first}
+        if last > first:
+            port["endPort"] = last
+        ingress.append({"from": [peer], "ports": [port]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(
+            job, name=naming.network_policy_name(job.name), labels=_service_labels(job)
+        ),
+        "spec": {
+            "podSelector": job_pods["podSelector"],
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
         },
     }
 

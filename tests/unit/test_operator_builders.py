@@ -4,6 +4,7 @@ a golden file (tests/unit/golden/); set UPDATE_GOLDEN=1 to rewrite it after a de
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -353,3 +354,34 @@ def test_the_accepted_foreign_jobs_reach_the_trainer_only_when_named() -> None:
     env = env_of(trainer_pod(job, node_index=0, attempt=0, settings=SETTINGS))
     assert env["RTJ_CHECKPOINT_RESUME_FROM_JOBS"] == "ml/base-run,other/warmup"
     assert env["RTJ_CHECKPOINT_DIR"] == "/checkpoints/runs/base"
+
+
+# --- NetworkPolicy ----------------------------------------------------------------------------
+
+
+def test_the_network_policy_admits_the_jobs_pods_everywhere_and_the_operator_to_metrics() -> None:
+    settings = replace(SETTINGS, network_policy_operator_namespace="rtj-system",
+                       network_policy_operator_labels="app.kubernetes.io/name=rtj-operator,"
+                                                      "app.kubernetes.io/instance=rtj")
+    job = p5_job()
+    policy = builders.network_policy(job, plan=plan_for(job, settings), settings=settings)
+    assert policy["metadata"]["name"] == "llama" and policy["metadata"]["namespace"] == "ml"
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "0e5a-uid"
+    own = {"matchLabels": {"training.resilient.dev/job": "llama"}}
+    assert policy["spec"]["podSelector"] == own
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress (DNS, S3, images) stays open
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"podSelector": own}]},
+        {"from": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "rtj-system"}},
+                   "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rtj-operator",
+                                                   "app.kubernetes.io/instance": "rtj"}}}],
+         "ports": [{"protocol": "TCP", "port": 9400, "endPort": 9407}]},  # 8 ranks per pod
+    ]
+
+
+def test_without_an_operator_namespace_only_the_jobs_own_pods_are_admitted() -> None:
+    job = p5_job()
+    policy = builders.network_policy(job, plan=plan_for(job, SETTINGS), settings=SETTINGS)
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"podSelector": {"matchLabels": {"training.resilient.dev/job": "llama"}}}]}]
