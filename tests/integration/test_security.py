@@ -217,8 +217,10 @@ def test_the_admission_policy_example_refuses_forbidden_service_accounts_and_pri
 ) -> None:
     namespace = restricted_rtj_namespace
     error = refusal(cluster, namespace, job_document("sa", serviceAccountName="admin"))
-    assert "ValidatingAdmissionPolicy 'rtj-restrict-pods'" in error, error
-    assert "spec.podTemplate.serviceAccountName must be one of [default, trainer]" in error
+    assert ('resilienttrainingjobs.training.resilient.dev "sa" is forbidden: '
+            "ValidatingAdmissionPolicy 'rtj-restrict-pods' with binding 'rtj-restrict-pods' "
+            "denied request: spec.podTemplate.serviceAccountName must be one of "
+            "[default, trainer]") in error, error
     error = refusal(cluster, namespace,
                     job_document("prio", priorityClassName="system-cluster-critical"))
     assert "spec.podTemplate.priorityClassName must be one of [training-low, training-high]" \
