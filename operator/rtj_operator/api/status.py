@@ -57,6 +57,9 @@ class ConditionType(StrEnum):
     PODS_NOT_STARTING = "PodsNotStarting"
     """A pod is Pending with a reason from the scheduler or the kubelet (Unschedulable,
     ImagePullBackOff, ...), or past podStartTimeoutSeconds."""
+    ADMISSION_REFUSED = "AdmissionRefused"
+    """The API server refused to create a child (403: Pod Security admission, an admission
+    policy, a quota); reason `PodSecurity` or `Forbidden`, the message is the server's."""
 
 
 class RankState(StrEnum):
@@ -124,6 +127,12 @@ class Reason(StrEnum):
     INVALID = "InvalidSpec"
     CHECKPOINT_STALE = "CheckpointStale"
     CHECKPOINT_CURRENT = "CheckpointCurrent"
+    POD_SECURITY = "PodSecurity"
+    """AdmissionRefused: Pod Security admission refused a pod (the message names the level)."""
+    FORBIDDEN = "Forbidden"
+    """AdmissionRefused: another 403 (an admission policy, a quota, the operator's RBAC)."""
+    ADMITTED = "Admitted"
+    """AdmissionRefused is False: the children were created."""
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -167,7 +176,9 @@ class Condition(ApiModel):
             "`Suspended`, `Succeeded`, `Failed`, `CheckpointStale` (the step is more than "
             "`checkpoint.staleAfterIntervals` x `intervalSteps` past the newest committed "
             "checkpoint), `PodsNotStarting` (a pod is Pending with the scheduler's or the "
-            "kubelet's reason, which the condition's reason and message carry)."
+            "kubelet's reason, which the condition's reason and message carry), "
+            "`AdmissionRefused` (the API server refused to create a pod or another child: "
+            "reason `PodSecurity` or `Forbidden`, the server's message)."
         )
     )
     status: ConditionStatus = Field(description="`True`, `False`, `Unknown`.")

@@ -28,7 +28,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from rtj_operator import naming
-from rtj_operator.api.status import IncidentCause, RankState
+from rtj_operator.api.status import ConditionType, IncidentCause, RankState
 from rtj_operator.decisions.state import DetectedFault, _Pass, from_unix, iso
 from rtj_operator.observed import NodeLiveness, PodView
 
@@ -243,6 +243,8 @@ def _not_starting(p: _Pass, pod: PodView, index: int | None) -> DetectedFault | 
 def find_faults(p: _Pass) -> list[DetectedFault]:
     faults: list[DetectedFault] = []
     pods = p.observed.trainer_pods
+    refused_before = any(c.type == ConditionType.ADMISSION_REFUSED and c.status == "True"
+                         for c in p.prev.conditions)
     for index in range(p.pods):
         pod = pods.get(index)
         state = (p.prev_ranks.get(index).state  # type: ignore[union-attr]
@@ -260,6 +262,8 @@ def find_faults(p: _Pass) -> list[DetectedFault]:
                 faults.append(late)
                 continue
         if pod is None:
+            if state == RankState.PENDING and refused_before:
+                continue  # its create was refused (AdmissionRefused): created again, no fault
             if state in (RankState.STARTING, RankState.RUNNING, RankState.PENDING,
                      RankState.STANDBY):
                 faults.append(DetectedFault(IncidentCause.POD_VANISHED, index, p.now,
