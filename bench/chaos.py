@@ -282,7 +282,9 @@ class Campaign:
         return result
 
     def job_dir(self, name: str) -> Path | None:
-        found = sorted(Path(self.cluster.shared_dir).glob(f"{self.namespace}-{name}-*/{name}"))
+        # The claim's directory, then checkpoint.path (`<namespace>/<name>` by default).
+        found = sorted(Path(self.cluster.shared_dir).glob(
+            f"{self.namespace}-{name}-*/{self.namespace}/{name}"))
         return found[0] if found else None
 
     def records(self, name: str) -> list[StepRecord]:

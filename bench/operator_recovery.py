@@ -155,7 +155,9 @@ class JobRun:
 
     def losses_path(self) -> Path | None:
         shared = Path(self.cluster.shared_dir)
-        found = sorted(shared.glob(f"{self.namespace}-{self.name}-*/{self.name}/losses.jsonl"))
+        # The claim's directory, then checkpoint.path (`<namespace>/<name>` by default).
+        found = sorted(shared.glob(
+            f"{self.namespace}-{self.name}-*/{self.namespace}/{self.name}/losses.jsonl"))
         return found[0] if found else None
 
     def pod_log_lines(self) -> list[StampedLine]:
