@@ -44,6 +44,7 @@ def committed_dirs(cluster: Cluster, ns: str) -> list[Path]:
     return sorted(m.parent for m in cluster.shared_dir.glob(f"{ns}-*/**/step-*/manifest.json"))
 
 
+@pytest.mark.long
 def test_commits_that_stop_raise_checkpoint_stale_and_it_clears_when_they_catch_up(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:

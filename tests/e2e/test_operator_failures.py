@@ -81,6 +81,7 @@ def resumed_steps(cluster: Cluster, ns: str, pod: str) -> list[int]:
                                        cluster.pod_log(ns, pod))]
 
 
+@pytest.mark.long
 def test_four_worker_deaths_beyond_launcher_max_restarts_stay_inside_the_pods(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
@@ -154,6 +155,7 @@ def test_an_operator_killed_mid_recovery_completes_it_once(
         cluster, ns, operator)
 
 
+@pytest.mark.long
 def test_a_lost_rendezvous_pod_restarts_the_job_from_its_last_commit(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:

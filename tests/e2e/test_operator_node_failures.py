@@ -75,6 +75,7 @@ def rendezvous_node(cluster: Cluster, ns: str, name: str) -> str:
 STEPS = 200
 
 
+@pytest.mark.long
 def test_a_partitioned_node_is_left_behind_and_the_job_succeeds_on_another(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
@@ -173,6 +174,7 @@ def test_a_pod_deleted_while_its_node_is_partitioned_is_replaced(
         cluster.nodes.heal_node(lost_node)
 
 
+@pytest.mark.long
 @pytest.mark.xfail(strict=True, reason=(
     "known defect found by this test: the healthy pod's heartbeats stop too (its workers wait "
     "in the collective, then its launcher waits in the rendezvous), so both pods time out in "
@@ -219,6 +221,7 @@ def test_a_node_whose_pod_hung_is_excluded_and_the_pod_replaced_elsewhere(
     assert any(bad_node in e["message"] for e in excluded_events), excluded_events
 
 
+@pytest.mark.long
 def test_a_pod_that_never_starts_is_shown_then_replaced_after_the_start_deadline(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:

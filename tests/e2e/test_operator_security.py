@@ -32,6 +32,7 @@ def finished(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | None:
     return current if current.get("state") in ("Succeeded", "Failed") else None
 
 
+@pytest.mark.long
 def test_a_job_in_a_restricted_namespace_succeeds_and_another_job_refuses_its_checkpoints(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
