@@ -93,6 +93,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.posting.level = logging.INFO
+    # One named namespace: nothing to discover. kopf would otherwise list and watch namespaces
+    # (and CRDs) cluster-wide, which a namespaced install may not, and retry for ~1 minute first.
+    settings.scanning.disabled = bool(SETTINGS.namespace)
     # kopf logs every timer run ("Timer 'reconcile' succeeded") at INFO; keep the decisions.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     leader.load_config()

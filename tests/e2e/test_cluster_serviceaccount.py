@@ -81,5 +81,10 @@ def test_a_pod_gets_its_service_account_token_and_the_api_address(
     after = run_whoami(cluster, namespace, "after", serviceAccountName="reader")
     assert after["list_pods"] == 200
 
+    # No serviceAccountName (the harness runs without the ServiceAccount admission plugin that
+    # would set it): the namespace's `default` ServiceAccount, as on a real cluster.
+    plain = run_whoami(cluster, namespace, "plain")
+    assert plain["user"] == f"system:serviceaccount:{namespace}:default"
+
     opted_out = run_whoami(cluster, namespace, "opted-out", automountServiceAccountToken=False)
     assert opted_out["files"] == []

@@ -74,19 +74,18 @@ def api_service_env(server: str) -> dict[str, str]:
 
 
 def token_request(pod: JsonObject) -> JsonObject:
-    """The TokenRequest kubelet posts: default audience, bound to this pod."""
-    meta = pod["metadata"]
-    return {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest",
-        "spec": {
-            "audiences": [],
-            "expirationSeconds": TOKEN_EXPIRATION_SECONDS,
-            "boundObjectRef": {
-                "apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"],
-            },
-        },
-    }
+    """The TokenRequest kubelet posts: default audience, bound to this pod.
+
+    A pod without `serviceAccountName` (the ServiceAccount admission plugin, which would set it
+    to `default`, is off in the harness) gets an unbound token of `default`: the API server
+    refuses to bind a token to a pod whose spec names another (here: no) ServiceAccount."""
+    meta, spec = pod["metadata"], pod.get("spec", {})
+    request: JsonObject = {"audiences": [], "expirationSeconds": TOKEN_EXPIRATION_SECONDS}
+    if spec.get("serviceAccountName") or spec.get("serviceAccount"):
+        request["boundObjectRef"] = {
+            "apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"],
+        }
+    return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": request}
 
 
 def project_token(api: KubeApi, pod: JsonObject, target: Path) -> bool:
