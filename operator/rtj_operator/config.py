@@ -69,8 +69,25 @@ class OperatorSettings:
     liveness_port: int = 8091
     """Port of the liveness endpoint (`GET /healthz`); 0 turns it off."""
 
-    peering: bool = False
-    """Use kopf peering (several replicas, one active) instead of running standalone."""
+    leader_election: bool = False
+    """Act only while holding a coordination.k8s.io Lease (`rtj_operator.leader`): for several
+    replicas, of which one (the leader) runs kopf and the others wait to take over."""
+
+    leader_election_namespace: str = ""
+    """Namespace of the Lease; required with leader election (the chart: its own namespace)."""
+
+    leader_election_lease_name: str = "rtj-operator"
+    """Name of the Lease; replicas that share it elect one leader."""
+
+    lease_duration_seconds: float = 15.0
+    """A follower takes the Lease once its holder has not renewed it for this long."""
+
+    lease_renew_deadline_seconds: float = 10.0
+    """The leader exits (and stops acting) when it could not renew the Lease for this long; it
+    must be shorter than the lease duration, so that it has stopped before anyone takes over."""
+
+    lease_retry_period_seconds: float = 2.0
+    """How often the leader renews, and a follower tries to acquire, the Lease."""
 
     network_policy: bool = True
     """Create a NetworkPolicy per job that admits ingress to its pods only from the job's own
@@ -136,10 +153,21 @@ def _check_ranges(settings: OperatorSettings) -> None:
     """Reject values of the right type that still make no sense."""
     positive = ("reconcile_interval_seconds", "scrape_timeout_seconds",
                 "rendezvous_join_timeout_seconds", "api_request_timeout_seconds",
-                "stuck_pass_seconds")
+                "stuck_pass_seconds", "lease_duration_seconds", "lease_renew_deadline_seconds",
+                "lease_retry_period_seconds")
     for name in positive:
         if getattr(settings, name) <= 0:
             raise ConfigurationError(f"{env_name(name)}={getattr(settings, name)}: must be > 0")
+    if not (settings.lease_retry_period_seconds < settings.lease_renew_deadline_seconds
+            < settings.lease_duration_seconds):
+        raise ConfigurationError(
+            f"{env_name('lease_retry_period_seconds')}={settings.lease_retry_period_seconds:g}, "
+            f"{env_name('lease_renew_deadline_seconds')}={settings.lease_renew_deadline_seconds:g}"
+            f", {env_name('lease_duration_seconds')}={settings.lease_duration_seconds:g}: "
+            "must be retry period < renew deadline < lease duration")
+    if settings.leader_election and not settings.leader_election_namespace:
+        raise ConfigurationError(
+            f"{env_name('leader_election')}=true needs {env_name('leader_election_namespace')}")
     for name in ("trainer_metrics_port", "rendezvous_port", "metrics_port", "liveness_port"):
         port = getattr(settings, name)
         if not 0 <= port <= 65535 or (port == 0 and name in ("trainer_metrics_port",

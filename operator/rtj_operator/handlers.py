@@ -14,9 +14,8 @@ from typing import Any
 
 import kopf
 import kubernetes.client
-import kubernetes.config
 
-from rtj_operator import actions, metrics, naming, observe, reconcile
+from rtj_operator import actions, leader, metrics, naming, observe, reconcile
 from rtj_operator.api import GROUP, PLURAL, VERSION
 from rtj_operator.config import OperatorSettings, settings_from_environment
 from rtj_operator.errors import InvalidJobError
@@ -41,6 +40,14 @@ def stuck_passes(in_flight: dict[str, float], now: float, limit: float) -> list[
 
 
 async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> None:
+    elector: leader.LeaseElector | None = memo.get("elector")
+    if elector is not None and not elector.is_leader():
+        # Frozen past the renew deadline: the renewal thread is about to stop the process, and
+        # another replica may lead already. Act on nothing, write nothing (not even a retry
+        # delay into kopf's progress annotations, which the next leader would read).
+        LOG.warning("%s/%s: skipping the pass: the Lease was not renewed in time",
+                    body.metadata.namespace, body.metadata.name)
+        return
     job_memo = _job_memo(memo)
     key = f"{body.metadata.namespace}/{body.metadata.name}"
     in_flight: dict[str, float] = memo["health"]["in_flight"]
@@ -86,20 +93,17 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.posting.level = logging.INFO
+    # One named namespace: nothing to discover. kopf would otherwise list and watch namespaces
+    # (and CRDs) cluster-wide, which a namespaced install may not, and retry for ~1 minute first.
+    settings.scanning.disabled = bool(SETTINGS.namespace)
     # kopf logs every timer run ("Timer 'reconcile' succeeded") at INFO; keep the decisions.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    load_incluster: Any = kubernetes.config.load_incluster_config  # untyped in the stubs
-    load_kubeconfig: Any = kubernetes.config.load_kube_config
-    try:
-        load_incluster()
-    except kubernetes.config.ConfigException:
-        load_kubeconfig()
+    leader.load_config()
     memo["api"] = kubernetes.client.ApiClient()
     # One node list for every job (kopf copies the memo per object, shallowly).
     memo["nodes"] = observe.NodeCache()
     # A mutable record shared by every job's memo (kopf copies the memo per object, shallowly).
     memo["health"] = {"last_pass_monotonic": time.monotonic(), "in_flight": {}}
-    metrics.serve(SETTINGS.metrics_host, SETTINGS.metrics_port)
 
 
 @kopf.on.probe(id="seconds_since_last_pass")

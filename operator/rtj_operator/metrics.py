@@ -30,6 +30,11 @@ RESTARTS = Counter(
 JOBS = Gauge(
     "rtj_operator_jobs", "Jobs by state, as of their last pass.", ["state"], registry=REGISTRY,
 )
+LEADER = Gauge(
+    "rtj_operator_leader",
+    "1 while this replica holds the leader-election Lease (or runs without leader election).",
+    registry=REGISTRY,
+)
 
 _job_states: dict[str, str] = {}
 

@@ -7,9 +7,9 @@ settings loader (so a renamed setting cannot silently break the Deployment).
 
 Against the cluster (session fixture `cluster`): `helm install` makes the Deployment, the
 ServiceAccount and the RBAC objects; `kubectl auth can-i`, asked as the chart's ServiceAccount,
-shows the operator can do what it needs and nothing more; `helm uninstall` removes it all. The
-operator pod itself cannot run under the test harness (no in-cluster token, no image), so the
-release pins it to a node that does not exist and nothing waits for it.
+shows the operator can do what it needs and nothing more; `helm uninstall` removes it all. These
+releases pin the operator pods to a node that does not exist (nothing here needs them running);
+tests/e2e/test_operator_chart.py runs the chart's operator pods and jobs under them.
 """
 
 from __future__ import annotations
@@ -75,8 +75,21 @@ def operator_container(manifests: list[Manifest]) -> Manifest:
     return container
 
 
-def operator_env(manifests: list[Manifest]) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in operator_container(manifests)["env"] if "value" in e}
+def operator_env(manifests: list[Manifest], namespace: str = "ops",
+                 pod_ip: str = "10.1.2.3") -> dict[str, str]:
+    """The container's environment as a kubelet resolves it: the downward API (namespace, pod IP)
+    and `$(VAR)` references to earlier variables."""
+    fields = {"metadata.namespace": namespace, "status.podIP": pod_ip}
+    env: dict[str, str] = {}
+    for entry in operator_container(manifests)["env"]:
+        if "value" in entry:
+            value = str(entry["value"])
+            for name, known in env.items():
+                value = value.replace(f"$({name})", known)
+            env[entry["name"]] = value
+        elif "fieldRef" in entry.get("valueFrom", {}):
+            env[entry["name"]] = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
 
 
 def rules_of(role: Manifest) -> list[tuple[str, str, frozenset[str]]]:
@@ -99,7 +112,7 @@ def test_helm_lint_passes_with_default_and_with_every_optional_part_on(helm_bina
         assert "0 chart(s) failed" in out.stdout
 
 
-def test_default_render_is_one_recreate_replica_with_probe_ports_and_locked_down_security(
+def test_default_render_is_two_leader_elected_replicas_with_probe_ports_and_locked_down_security(
     helm_binary: Path,
 ) -> None:
     manifests = render(helm_binary)
@@ -108,19 +121,32 @@ def test_default_render_is_one_recreate_replica_with_probe_ports_and_locked_down
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",  # the Lease, in the release namespace
+        "RoleBinding",
         "Service",
         "Deployment",
+        "PodDisruptionBudget",
     }
     (deployment,) = kinds["Deployment"]
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    (budget,) = kinds["PodDisruptionBudget"]
+    assert budget["spec"] == {"minAvailable": 1,
+                              "selector": deployment["spec"]["selector"]}
+    (lease_role,) = kinds["Role"]
+    assert {(g, r, v) for g, r, v in rules_of(lease_role)} == {
+        ("coordination.k8s.io", "leases", frozenset({"create"})),
+        ("coordination.k8s.io", "leases", frozenset({"get", "update"})),
+    }
+    assert lease_role["rules"][1]["resourceNames"] == ["rel-rtj-operator"]
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "rel-rtj-operator"
     assert pod["securityContext"]["runAsNonRoot"] is True
     container = operator_container(manifests)
     # The tag defaults to the chart's appVersion.
     assert container["image"] == "ghcr.io/resilient-training/rtj-operator:0.1.0"
-    assert "command" not in container and "args" not in container  # the image's ENTRYPOINT
+    assert container["command"] == ["python", "-m", "rtj_operator"]  # the image's ENTRYPOINT
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"healthz": 8080, "metrics": 9090}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
@@ -139,23 +165,25 @@ def test_default_rbac_splits_framework_and_application_into_cluster_roles(
     roles = {r["metadata"]["name"]: r for r in by_kind(render(helm_binary))["ClusterRole"]}
     assert set(roles) == {"rel-rtj-operator-framework", "rel-rtj-operator-application"}
     framework = rules_of(roles["rel-rtj-operator-framework"])
-    assert ("apiextensions.k8s.io", "customresourcedefinitions", {"get", "list", "watch"}) in [
+    assert ("apiextensions.k8s.io", "customresourcedefinitions", {"list", "watch"}) in [
         (g, r, set(v)) for g, r, v in framework
     ]
     assert not [r for _, r, _ in framework if "peering" in r]  # standalone: no kopf peering
     application = {(g, r): v for g, r, v in rules_of(roles["rel-rtj-operator-application"])}
+    # Only the verbs kopf and the operator use (the e2e tests run jobs with exactly these).
     assert application[(GROUP, "resilienttrainingjobs")] == {
-        "get", "list", "watch", "patch", "delete",  # delete: ttlSecondsAfterFinished
+        "list", "watch", "patch", "delete",  # delete: ttlSecondsAfterFinished
     }  # fmt: skip
-    assert application[(GROUP, "resilienttrainingjobs/status")] == {"get", "patch"}
+    assert application[(GROUP, "resilienttrainingjobs/status")] == {"patch"}
     assert application[(GROUP, "resilienttrainingjobs/finalizers")] == {"update"}
     assert application[("", "pods")] == {"list", "watch", "create", "delete"}
     assert application[("", "services")] == {"list", "watch", "create", "delete"}
     assert application[("", "persistentvolumeclaims")] == {
         "list", "watch", "create", "delete", "patch"}
     assert application[("networking.k8s.io", "networkpolicies")] == {"create"}
+    assert application[("", "events")] == {"create"}
     assert ("", "secrets") not in application
-    assert application[("", "nodes")] == {"get", "list", "watch"}  # lost nodes; read only
+    assert application[("", "nodes")] == {"list"}  # lost nodes; read only
 
 
 def test_namespaced_rbac_renders_roles_in_the_release_namespace_and_watches_only_it(
@@ -167,6 +195,7 @@ def test_namespaced_rbac_renders_roles_in_the_release_namespace_and_watches_only
     assert {r["metadata"]["name"] for r in roles} == {
         "rel-rtj-operator-framework",
         "rel-rtj-operator-application",
+        "rel-rtj-operator-leader-election",
     }
     assert {r["metadata"]["namespace"] for r in roles + kinds["RoleBinding"]} == {"team-a"}
     # Only the read-only CRD rule stays cluster-wide: CRDs are cluster-scoped objects.
@@ -174,7 +203,7 @@ def test_namespaced_rbac_renders_roles_in_the_release_namespace_and_watches_only
     assert [r for _, r, _ in rules_of(cluster_role)] == ["customresourcedefinitions"]
     application = next(r for r in roles if r["metadata"]["name"].endswith("-application"))
     assert "nodes" not in [r for _, r, _ in rules_of(application)]  # cluster-scoped objects
-    assert operator_env(manifests)["RTJ_OPERATOR_NAMESPACE"] == "team-a"
+    assert operator_env(manifests, "team-a")["RTJ_OPERATOR_NAMESPACE"] == "team-a"
 
 
 def test_service_monitor_is_off_by_default_and_selects_the_metrics_service_when_on(
@@ -252,10 +281,12 @@ def test_the_operator_accepts_the_environment_the_chart_gives_it(helm_binary: Pa
     settings = load_settings({k: v for k, v in env.items() if k.startswith(ENV_PREFIX)})
     assert settings.namespace == "jobs"
     assert settings.reconcile_interval_seconds == 0.5
-    assert settings.peering is False  # standalone, as strategy Recreate assumes
-    # The probe and the Service reach the ports the operator really listens on.
-    assert settings.liveness_endpoint() == "http://0.0.0.0:18080/healthz"
-    assert (settings.metrics_host, settings.metrics_port) == ("0.0.0.0", 19090)
+    assert settings.leader_election is True
+    assert settings.leader_election_namespace == "ops"  # the release namespace
+    assert settings.leader_election_lease_name == "rel-rtj-operator"
+    # The probe and the Service reach the ports the operator really listens on, on the pod's IP.
+    assert settings.liveness_endpoint() == "http://10.1.2.3:18080/healthz"
+    assert (settings.metrics_host, settings.metrics_port) == ("10.1.2.3", 19090)
     ports = {p["name"]: p["containerPort"] for p in operator_container(manifests)["ports"]}
     assert ports == {"healthz": 18080, "metrics": 19090}
 
@@ -271,7 +302,9 @@ def test_the_chart_defaults_keep_the_operator_defaults_except_where_it_listens(
         if getattr(settings, name) != getattr(OperatorSettings(), name)
     }
     assert different == {"liveness_host", "liveness_port", "metrics_host", "metrics_port",
-                         "network_policy_operator_namespace", "network_policy_operator_labels"}
+                         "network_policy_operator_namespace", "network_policy_operator_labels",
+                         "leader_election", "leader_election_namespace",
+                         "leader_election_lease_name"}
     # Each job's NetworkPolicy selects exactly the operator's pod: its namespace and labels.
     assert settings.network_policy is True
     assert settings.network_policy_operator_namespace == "ops"
@@ -279,6 +312,18 @@ def test_the_chart_defaults_keep_the_operator_defaults_except_where_it_listens(
         "spec"]["template"]["metadata"]["labels"]
     selected = label_map(settings.network_policy_operator_labels)
     assert selected and selected.items() <= pod_labels.items()
+
+
+def test_one_replica_without_leader_election_is_recreated_and_more_are_refused(
+    helm_binary: Path,
+) -> None:
+    kinds = by_kind(render(helm_binary, "--set", "leaderElection.enabled=false,replicaCount=1"))
+    (deployment,) = kinds["Deployment"]
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "PodDisruptionBudget" not in kinds and "Role" not in kinds
+    out = run([str(helm_binary), "template", "rel", str(CHART),
+               "--set", "leaderElection.enabled=false"])
+    assert out.returncode != 0 and "needs leaderElection.enabled" in out.stderr
 
 
 # --- against the real API server -----------------------------------------------------------------
@@ -365,6 +410,9 @@ def test_helm_install_grants_exactly_what_the_operator_needs_and_uninstall_remov
     assert release.can("list", "nodes")  # is a pod's node lost?
     assert not release.can("get", "secrets")
     assert not release.can("patch", "pods")
+    assert not release.can("get", "pods")  # pods are only listed, by label
+    assert release.can("update", f"leases.coordination.k8s.io/{full}")
+    assert not release.can("update", "leases.coordination.k8s.io/other")
     assert not release.can("delete", "customresourcedefinitions.apiextensions.k8s.io")
     # Only the verbs the code uses (review S3): kopf patches (never updates) the jobs and their
     # status; the children are listed and watched by label, never fetched one by one.

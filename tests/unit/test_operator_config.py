@@ -17,13 +17,15 @@ def test_settings_are_read_from_prefixed_variables() -> None:
         "RTJ_OPERATOR_NAMESPACE": "ml",
         "RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS": "2.5",
         "RTJ_OPERATOR_METRICS_PORT": "0",
-        "RTJ_OPERATOR_PEERING": "true",
+        "RTJ_OPERATOR_LEADER_ELECTION": "true",
+        "RTJ_OPERATOR_LEADER_ELECTION_NAMESPACE": "ops",
         "UNRELATED": "x",
     })
     assert settings.namespace == "ml"
     assert settings.reconcile_interval_seconds == 2.5
     assert settings.metrics_port == 0
-    assert settings.peering is True
+    assert settings.leader_election is True
+    assert settings.leader_election_namespace == "ops"
 
 
 @pytest.mark.parametrize(
@@ -31,7 +33,9 @@ def test_settings_are_read_from_prefixed_variables() -> None:
     [
         ("RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS", "fast", "expected a number"),
         ("RTJ_OPERATOR_METRICS_PORT", "80.5", "expected an integer"),
-        ("RTJ_OPERATOR_PEERING", "maybe", "expected true or false"),
+        ("RTJ_OPERATOR_LEADER_ELECTION", "maybe", "expected true or false"),
+        ("RTJ_OPERATOR_LEADER_ELECTION", "true", "needs RTJ_OPERATOR_LEADER_ELECTION_NAMESPACE"),
+        ("RTJ_OPERATOR_LEASE_RENEW_DEADLINE_SECONDS", "20", "retry period < renew deadline"),
         ("RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS", "0", "must be > 0"),
         ("RTJ_OPERATOR_RENDEZVOUS_PORT", "70000", "not a usable port"),
         ("RTJ_OPERATOR_RECONCILE_INTERVALL_SECONDS", "3", "unknown setting"),

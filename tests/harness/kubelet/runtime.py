@@ -21,6 +21,7 @@ from pathlib import Path
 from harness import cgroups
 from harness.envvars import EnvResolutionError, expand_command, resolve_container_env
 from harness.kubeapi import ApiError, JsonObject
+from harness.kubelet import serviceaccount
 from harness.kubelet.podstatus import PodStatusMixin
 from harness.kubelet.state import log
 from harness.nodestate import (
@@ -106,9 +107,11 @@ class RuntimeMixin(PodStatusMixin):
             (pod_dir / "tmp").chmod(0o1777)
             (pod_dir / "shm").chmod(0o1777)
             volumes = self.volume_sources(pod, pod_dir)
+            token_dir = self.service_account_token(pod, pod_dir)
             hostname = (spec.get("hostname") or meta["name"])[:63]
             plans = [
-                self.container_plan(pod, container, volumes, pod_dir, ip, self.node_ips[node])
+                self.container_plan(pod, container, volumes, pod_dir, ip, self.node_ips[node],
+                                    token_dir=token_dir)
                 for container in spec["containers"]
             ]
         except NotReadyToStart as waiting:
@@ -191,6 +194,16 @@ class RuntimeMixin(PodStatusMixin):
                 sources[name] = local
         return sources
 
+    def service_account_token(self, pod: JsonObject, pod_dir: Path) -> Path | None:
+        """The pod's projected ServiceAccount token directory, or None when it opts out."""
+        target = pod_dir / "serviceaccount"
+        try:
+            projected = serviceaccount.project_token(self.api, pod, target)
+        except ApiError as error:  # kubelet retries the pod sync until the token can be had
+            raise NotReadyToStart("ContainerCreating",
+                                  f"cannot get a service account token: {error}") from error
+        return target if projected else None
+
     def write_key_files(self, namespace: str, volume: JsonObject, target: Path) -> None:
         if "configMap" in volume:
             ref, name = volume["configMap"], volume["configMap"]["name"]
@@ -232,6 +245,8 @@ class RuntimeMixin(PodStatusMixin):
         pod_dir: Path,
         ip: str,
         host_ip: str,
+        *,
+        token_dir: Path | None = None,
     ) -> JsonObject:
         namespace = pod["metadata"]["namespace"]
         try:
@@ -246,7 +261,13 @@ class RuntimeMixin(PodStatusMixin):
         except EnvResolutionError as error:
             raise NotReadyToStart("CreateContainerConfigError", str(error)) from error
         hostname = (pod["spec"].get("hostname") or pod["metadata"]["name"])[:63]
-        env = {**os.environ, "HOSTNAME": hostname, **container_env}
+        # The node's environment (so .venv/bin is on PATH), less its admin kubeconfig: a pod
+        # reaches the API server as its ServiceAccount, through the variables a kubelet sets.
+        node_env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        env = {
+            **node_env, "HOSTNAME": hostname,
+            **serviceaccount.api_service_env(self.api.credentials.server), **container_env,
+        }
         mounts: dict[str, tuple[str, bool]] = {
             "/dev/shm": (str(pod_dir / "shm"), False),
             "/etc/hosts": (str(pod_dir / "hosts"), False),
@@ -270,6 +291,8 @@ class RuntimeMixin(PodStatusMixin):
                 if not source.exists():
                     source.mkdir(parents=True, exist_ok=True)
             mounts[mount["mountPath"]] = (str(source), bool(mount.get("readOnly", False)))
+        if token_dir is not None and serviceaccount.MOUNT_PATH not in mounts:
+            mounts[serviceaccount.mount_target()] = (str(token_dir), True)
         return {
             "argv": expand_command(container.get("command"), container.get("args"), container_env),
             "env": env,
