@@ -309,8 +309,8 @@ class Campaign:
             try:
                 self.inject(plan, fault, result, commits, deadline)
                 self.wait_for_recovery(plan, result, commits, deadline)
-            except TimeoutError as error:
-                result.detail["error"] = str(error)
+            except Exception as error:  # one fault's failure is a result, not the campaign's end
+                result.detail["error"] = f"{type(error).__name__}: {error}"
             finally:
                 self.after(fault, result)
             analyse_fault(result, self.records(plan.name), commits)
@@ -430,7 +430,7 @@ class Campaign:
     def pod_pgids(self, pod: str) -> list[int]:
         for described in self.cluster.nodes.pods():
             if described["namespace"] == self.namespace and described["name"] == pod:
-                return [int(p) for p in described.get("pgids") or []]
+                return [int(p) for p in (described.get("pgids") or {}).values()]
         return []
 
     def wait_for_recovery(self, plan: JobPlan, result: FaultResult, commits: dict[int, float],
