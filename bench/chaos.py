@@ -414,8 +414,7 @@ class Campaign:
 
     def kill_writer(self, plan: JobPlan, fault: PlannedFault, commits: dict[int, float],
                     deadline: float) -> float:
-        """SIGKILL the asynchronous checkpoint writer (a child process of a trainer worker that
-        is not a worker itself) of the pod that runs `fault.rank`."""
+        """SIGKILL the asynchronous checkpoint writer of the pod that runs `fault.rank`."""
         pod = f"{plan.name}-{fault.rank // 2}"
 
         def writer() -> int | None:
@@ -463,25 +462,19 @@ class Campaign:
 
 
 def find_writer(pgids: list[int]) -> int | None:
-    """The pid of a checkpoint writer process in these process groups: a Python process whose
-    parent runs the trainer (`rtj_trainer`) and which is not a trainer worker itself."""
-    members: dict[int, tuple[int, str]] = {}
+    """The pid of a checkpoint writer process (named `rtj-ckpt-writer` by the trainer) in these
+    process groups."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()
-            ppid, pgid = int(fields[1]), int(fields[2])
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, ValueError):
+            pgid = int(stat[stat.rindex(")") + 2:].split()[2])
+            name = (entry / "comm").read_text().strip()
+        except (OSError, ValueError, IndexError):
             continue
-        if pgid in pgids:
-            members[int(entry.name)] = (ppid, cmdline)
-    for pid, (ppid, cmdline) in sorted(members.items()):
-        parent = members.get(ppid)
-        if parent and "rtj_trainer" in parent[1] and "multiprocessing" in cmdline:
-            return pid
+        if pgid in pgids and name == "rtj-ckpt-writer":
+            return int(entry.name)
     return None
 
 

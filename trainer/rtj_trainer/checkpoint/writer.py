@@ -45,12 +45,17 @@ from .format import (
 from .local import write_local_copy
 from .staging import TensorLayout
 
+WRITER_PROCESS_NAME = b"rtj-ckpt-writer"
+"""The writer's process name (`ps`, /proc/<pid>/comm): operators and fault drills find it."""
+
 
 def _die_with_parent() -> None:
-    """Make the kernel SIGKILL this writer when its trainer dies (Linux prctl)."""
+    """Make the kernel SIGKILL this writer when its trainer dies, and name the process
+    (Linux prctl)."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(15, ctypes.c_char_p(WRITER_PROCESS_NAME), 0, 0, 0)  # PR_SET_NAME
 
 
 def _exit_now(signum: int, frame: object) -> None:
