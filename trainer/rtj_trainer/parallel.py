@@ -19,6 +19,14 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+
+# FSDP imports torch._dynamo lazily, at the first `fully_shard` or forward. Import it here, before
+# the in-process wrapper runs anything: the wrapper's asynchronous abort can land in the middle
+# of an import and leave a partially initialised module behind, and every later iteration of
+# that process then fails on it ("partially initialized module 'torch._dynamo' has no attribute
+# 'utils'", then "Artifact of type=precompile already registered"). Seen on a warm spare whose
+# first activation was interrupted on a loaded machine; the import costs the same time here.
+import torch._dynamo
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
