@@ -126,8 +126,12 @@ def delete_jobs(cluster: Cluster, ns: str) -> None:
 def test_helm_installed_operator_runs_cpu_tiny_under_its_cluster_scoped_rbac(
     cluster: Cluster, namespace: str, release: Release,
 ) -> None:
+    """Issue 13's bar: cpu-tiny Succeeds in a namespace that enforces Pod Security `restricted`,
+    with the operator installed by helm and running as the chart's pod."""
     release.install("--set", "replicaCount=1")
     ns = namespace
+    cluster.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted",
+                    "--overwrite")
     context = describe(cluster, ns, release)
     cluster.kubectl("apply", "--server-side", "-n", ns, "-f", str(EXAMPLE))
     try:
@@ -135,6 +139,8 @@ def test_helm_installed_operator_runs_cpu_tiny_under_its_cluster_scoped_rbac(
         assert final["step"] >= 70  # 80 steps; the last scrape may miss the final ones
         actions = [i["action"] for i in final["incidents"]]
         assert "RankRestart" in actions, final["incidents"]  # the pod-killing fault at step 55
+        assert not [c for c in final["conditions"]
+                    if c["type"] == "AdmissionRefused" and c["status"] == "True"], final
         # The operator is the chart's pod, authenticated as the chart's ServiceAccount.
         (pod,) = release.pods()
         assert pod["spec"]["serviceAccountName"] == release.fullname
