@@ -42,6 +42,10 @@ from .staging import (
 )
 from .store import (
     ABANDONED,
+    COMMIT_PROGRESS,
+    CommitProgressReader,
+    CommitWorker,
+    ResumePlan,
     commit,
     committed_checkpoints,
     failed_writes,
@@ -50,21 +54,26 @@ from .store import (
     prune,
     read_commit_log,
     refuse_foreign_checkpoints,
+    resume_plans,
     validation_problems,
 )
 from .writer import write_shard
 
 __all__ = [
     "ABANDONED",
+    "COMMIT_PROGRESS",
     "FORMAT_VERSION",
     "MANIFEST",
     "CheckpointError",
     "CheckpointStats",
     "Checkpointer",
     "ChunkDigest",
+    "CommitProgressReader",
+    "CommitWorker",
     "HostStaging",
     "LoadedCheckpoint",
     "Manifest",
+    "ResumePlan",
     "ShardRecord",
     "TensorLayout",
     "TensorSlot",
@@ -85,6 +94,7 @@ __all__ = [
     "read_manifest",
     "read_shard",
     "refuse_foreign_checkpoints",
+    "resume_plans",
     "shard_file_name",
     "shard_record_name",
     "stage_to_host",
