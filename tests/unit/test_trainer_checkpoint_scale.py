@@ -100,12 +100,17 @@ def test_a_resume_at_512_ranks_reads_manifests_on_rank_0_and_one_shard_per_rank(
     me = threading.get_ident()
 
     access.clear()
-    plans = ck.resume_plans(root, world_size=WORLD)
+    # Rank 0's part of load_latest: the checks that may refuse to start, then the plans.
+    committed = ck.read_committed(root)
+    ck.refuse_foreign_checkpoints(root, job="", committed=committed)
+    ck.refuse_other_world_size(root, world_size=WORLD, committed=committed)
+    plans = ck.resume_plans(root, world_size=WORLD, committed=committed)
     leader = access.on(me)
     touched = {path for _, path in leader}
-    # Rank 0: the listing and the three manifests; not one shard or shard record.
+    # Rank 0: the listing and the three manifests, each read once; not one shard or record.
     assert touched <= {root} | {d for d in directories} | {d / ck.MANIFEST for d in directories}
-    assert sum(1 for op, path in leader if path.name == ck.MANIFEST and "open" in op) == 3
+    opened = Counter(path for op, path in leader if "open" in op)
+    assert opened == {d / ck.MANIFEST: 1 for d in directories}
     assert len(leader) <= 4 * len(directories) + 2, Counter(op for op, _ in leader)
 
     assert len(plans) == WORLD

@@ -69,6 +69,7 @@ from .store import (
     ResumePlan,
     append_commit_log,
     prune,
+    read_committed,
     refuse_foreign_checkpoints,
     refuse_other_world_size,
     resume_plans,
@@ -386,9 +387,12 @@ class Checkpointer:
         plans: list[Any] | None = None
         if self.rank == 0:
             try:
-                refuse_foreign_checkpoints(self.root, job=self.job, accepted=self.accepted_jobs)
-                refuse_other_world_size(self.root, world_size=self.world_size)
-                plans = resume_plans(self.root, world_size=self.world_size)
+                committed = read_committed(self.root)  # every manifest read once
+                refuse_foreign_checkpoints(self.root, job=self.job, accepted=self.accepted_jobs,
+                                           committed=committed)
+                refuse_other_world_size(self.root, world_size=self.world_size,
+                                        committed=committed)
+                plans = resume_plans(self.root, world_size=self.world_size, committed=committed)
             except (ForeignCheckpointError, WorldSizeChangedError) as exc:
                 plans = [(type(exc).__name__, str(exc))] * self.world_size
         received: list[Any] = [None]

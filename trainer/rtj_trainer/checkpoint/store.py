@@ -1,18 +1,23 @@
 """The checkpoint directory: validation, the commit (manifest), pruning, and the commit log.
 
 Why this shape: **commit = manifest.** A writer fsyncs its shard, renames it into place, then
-writes a shard record (size, chunk digests, its own timings). Rank 0 polls (a few `stat`s per
-step, no collectives) and, once every rank's record exists, writes `manifest.json` through
-tmp + fsync + rename (`commit`). Only directories with a manifest count. Resume walks committed
-checkpoints newest first and validates each (world size, shard count, sizes, chunk checksums);
-`validation_problems` says why one cannot be used; another job's checkpoints are refused
-(`refuse_foreign_checkpoints`). The last `keep` committed checkpoints are kept
-(`prune`), and the slow delete runs off the step loop (`BackgroundDeleter`).
+writes a shard record (size, chunk digests, its own timings). Rank 0's commit thread
+(`CommitWorker`, off the step loop) lists the directory until every rank's record exists, reads
+each record once, and writes `manifest.json` through tmp + fsync + rename (`commit`); a save with
+an error record is abandoned instead, so it never blocks later ones. The other ranks learn the
+outcome from `commit-progress.json` (`CommitProgressReader`), never from the manifest. Only
+directories with a manifest count. Resume walks committed checkpoints newest first: rank 0
+reads each manifest once and checks it (`manifest_problems`), then gives each rank its own
+shard record (`resume_plans`), and each rank checks only its own shard (`shard_problems`: size,
+chunk checksums); `validation_problems` is the single-process whole check (tools, tests).
+Another job's checkpoints are refused (`refuse_foreign_checkpoints`). The last `keep` committed
+checkpoints are kept (`prune`), and the slow delete runs off the step loop (`BackgroundDeleter`).
 
-Besides the checkpoints, the root holds two files that other programs read:
-`commits.jsonl` (one record per commit, for benchmarks and the summary: `read_commit_log`) and
-`latest-committed-step` (the format of ft_launcher's `--ft-checkpoint-iteration-file`, which
-is not passed: docs/nvrx.md 2.2).
+Besides the checkpoints, the root holds files that other programs read: `commits.jsonl` (one
+record per commit, for benchmarks and the summary: `read_commit_log`), `latest-committed-step`
+(the format of ft_launcher's `--ft-checkpoint-iteration-file`, which is not passed:
+docs/nvrx.md 2.2) and `commit-progress.json` (this attempt's recent commit outcomes, for the
+other ranks).
 """
 
 from __future__ import annotations
@@ -103,32 +108,47 @@ class ResumePlan:
     """The newest commit at this world size (step, commit time), for the metrics."""
 
 
-def resume_plans(root: Path, *, world_size: int) -> list[ResumePlan]:
+Committed = list[tuple[Path, Manifest | CheckpointError]]
+"""The committed checkpoints, newest first, each with its manifest or why it cannot be read."""
+
+
+def read_committed(root: Path) -> Committed:
+    """List the committed checkpoints and read each manifest once (rank 0 before a resume: the
+    foreign-job check, the world-size check and the resume plan all use this one pass)."""
+    found: Committed = []
+    for ckpt_dir in committed_checkpoints(root):
+        try:
+            found.append((ckpt_dir, read_manifest(ckpt_dir)))
+        except CheckpointError as exc:
+            found.append((ckpt_dir, exc))
+    return found
+
+
+def resume_plans(
+    root: Path, *, world_size: int, committed: Committed | None = None
+) -> list[ResumePlan]:
     """Rank 0: read each committed manifest once and split it into one plan per rank. The other
     ranks then touch nothing but their own shard files: the cost of a resume is O(checkpoints x
     world size) reads on rank 0 and O(1) per other rank, not a `stat` of every shard on every
     rank."""
     candidates: list[tuple[str, str]] = []
     per_rank: list[list[dict[str, Any] | None]] = [[] for _ in range(world_size)]
-    committed: tuple[int, float] | None = None
-    for ckpt_dir in committed_checkpoints(root):
-        manifest: Manifest | None = None
-        try:
-            manifest = read_manifest(ckpt_dir)
-            problems = manifest_problems(ckpt_dir, manifest, world_size=world_size)
-        except CheckpointError as exc:
-            problems = [str(exc)]
+    newest: tuple[int, float] | None = None
+    for ckpt_dir, read in read_committed(root) if committed is None else committed:
+        manifest = read if isinstance(read, Manifest) else None
+        problems = ([str(read)] if manifest is None
+                    else manifest_problems(ckpt_dir, manifest, world_size=world_size))
         if manifest is None or problems:
             candidates.append((ckpt_dir.name, "; ".join(problems)))
             for records in per_rank:
                 records.append(None)
             continue
-        if committed is None:
-            committed = (manifest.step, manifest.committed_at)
+        if newest is None:
+            newest = (manifest.step, manifest.committed_at)
         candidates.append((ckpt_dir.name, ""))
         for shard in manifest.shards:
             per_rank[shard.rank].append(shard.to_json())
-    return [ResumePlan(tuple(candidates), tuple(records), committed) for records in per_rank]
+    return [ResumePlan(tuple(candidates), tuple(records), newest) for records in per_rank]
 
 
 def committed_checkpoints(root: Path) -> list[Path]:
@@ -145,10 +165,12 @@ def committed_checkpoints(root: Path) -> list[Path]:
     return [entry for _, _, entry in found]
 
 
-def refuse_other_world_size(root: Path, *, world_size: int) -> None:
+def refuse_other_world_size(
+    root: Path, *, world_size: int, committed: Committed | None = None
+) -> None:
     """Raise `WorldSizeChangedError` (fatal) when committed checkpoints exist only at another
     world size: starting from step 0 instead would silently throw the training away."""
-    others = other_world_sizes(root, world_size=world_size)
+    others = other_world_sizes(root, world_size=world_size, committed=committed)
     if others:
         shown = " or ".join(str(n) for n in others)
         raise WorldSizeChangedError(
@@ -158,18 +180,19 @@ def refuse_other_world_size(root: Path, *, world_size: int) -> None:
         )
 
 
-def refuse_foreign_checkpoints(root: Path, *, job: str, accepted: Collection[str] = ()) -> None:
+def refuse_foreign_checkpoints(
+    root: Path, *, job: str, accepted: Collection[str] = (), committed: Committed | None = None
+) -> None:
     """Raise `ForeignCheckpointError` (fatal) when a committed checkpoint under `root` was written
     by a job other than `job` and not in `accepted` (`spec.checkpoint.resumeFromJobs`): a job
     resumes only its own checkpoints unless its spec names the other job on purpose. The record is
     a guard against two jobs sharing a path by mistake, not a signature (docs/security.md).
     Manifests that cannot be read are left to validation (they are skipped there)."""
     foreign: dict[str, list[str]] = {}
-    for ckpt_dir in committed_checkpoints(root):
-        try:
-            owner = read_manifest(ckpt_dir).job
-        except CheckpointError:
+    for ckpt_dir, read in read_committed(root) if committed is None else committed:
+        if not isinstance(read, Manifest):
             continue
+        owner = read.job
         if owner != job and owner not in accepted:
             foreign.setdefault(owner, []).append(ckpt_dir.name)
     if foreign:
@@ -198,16 +221,16 @@ def newest_valid_checkpoint(
     return None, rejected
 
 
-def other_world_sizes(root: Path, *, world_size: int) -> list[int]:
+def other_world_sizes(
+    root: Path, *, world_size: int, committed: Committed | None = None
+) -> list[int]:
     """The world sizes of the committed checkpoints under `root` when none of them was written at
     `world_size` (then no checkpoint can be resumed: they are per-rank shards, never resharded);
     [] when one was, or when there is none. Unreadable manifests are left out."""
     sizes = set()
-    for ckpt_dir in committed_checkpoints(root):
-        try:
-            sizes.add(read_manifest(ckpt_dir).world_size)
-        except CheckpointError:
-            continue
+    for _, read in read_committed(root) if committed is None else committed:
+        if isinstance(read, Manifest):
+            sizes.add(read.world_size)
     return [] if not sizes or world_size in sizes else sorted(sizes)
 
 
