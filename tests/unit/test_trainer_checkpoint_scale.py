@@ -64,22 +64,33 @@ def access(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FileAcce
     yield recorder
 
 
-def _write_rank(directory: Path, rank: int, step: int) -> None:
+def _write_rank(directory: Path, rank: int, step: int, *, shard: bool = True,
+                record: bool = True) -> ck.ShardRecord:
     data = f"step {step} rank {rank}".encode()
-    shard = directory / ck.shard_file_name(rank, WORLD)
-    shard.write_bytes(data)
-    record = ck.ShardRecord(rank, shard.name, len(data),
-                            (ck.ChunkDigest(0, len(data), hashlib.sha256(data).hexdigest()),))
-    (directory / ck.shard_record_name(rank, WORLD)).write_text(json.dumps(record.to_json()))
+    path = directory / ck.shard_file_name(rank, WORLD)
+    if shard:
+        path.write_bytes(data)
+    made = ck.ShardRecord(rank, path.name, len(data),
+                          (ck.ChunkDigest(0, len(data), hashlib.sha256(data).hexdigest()),))
+    if record:
+        (directory / ck.shard_record_name(rank, WORLD)).write_text(json.dumps(made.to_json()))
+    return made
 
 
-def _saved(root: Path, step: int, *, ranks: range = range(WORLD), commit: bool = True) -> Path:
+def _directory(root: Path, step: int) -> Path:
     directory = root / ck.checkpoint_dir_name(step, IDENTITY)
     directory.mkdir(parents=True)
-    for rank in ranks:
-        _write_rank(directory, rank, step)
-    if commit:
-        assert ck.commit(directory, step=step, world_size=WORLD, identity=IDENTITY) is not None
+    return directory
+
+
+def _committed(root: Path, step: int) -> Path:
+    """512 tiny shards and the manifest `commit` would write (without their shard records,
+    which a resume does not read, and without fsyncs: a busy disk makes 1,000 files slow)."""
+    directory = _directory(root, step)
+    records = tuple(_write_rank(directory, rank, step, record=False) for rank in range(WORLD))
+    manifest = ck.Manifest(step=step, world_size=WORLD, shards=records,
+                           committed_at=time.time(), identity=IDENTITY)
+    (directory / ck.MANIFEST).write_text(json.dumps(manifest.to_json()))
     return directory
 
 
@@ -93,8 +104,10 @@ def _checkpointer(root: Path, rank: int) -> ck.Checkpointer:
 def test_a_resume_at_512_ranks_reads_manifests_on_rank_0_and_one_shard_per_rank(
         tmp_path: Path, access: FileAccess) -> None:
     root = tmp_path / "store"
-    directories = [_saved(root, step) for step in (10, 20, 30)]
-    newest = directories[-1]
+    older = _directory(root, 10)
+    (older / ck.MANIFEST).write_text("{")  # a torn manifest: rank 0's verdict, no shard looked at
+    newest = _committed(root, 20)
+    directories = [older, newest]
     broken = newest / ck.shard_file_name(7, WORLD)
     broken.write_bytes(broken.read_bytes()[::-1])  # rank 7's newest shard is corrupt
     me = threading.get_ident()
@@ -107,17 +120,19 @@ def test_a_resume_at_512_ranks_reads_manifests_on_rank_0_and_one_shard_per_rank(
     plans = ck.resume_plans(root, world_size=WORLD, committed=committed)
     leader = access.on(me)
     touched = {path for _, path in leader}
-    # Rank 0: the listing and the three manifests, each read once; not one shard or record.
+    # Rank 0: the listing and the two manifests, each read once; not one shard or record.
     assert touched <= {root} | {d for d in directories} | {d / ck.MANIFEST for d in directories}
     opened = Counter(path for op, path in leader if "open" in op)
     assert opened == {d / ck.MANIFEST: 1 for d in directories}
     assert len(leader) <= 4 * len(directories) + 2, Counter(op for op, _ in leader)
 
     assert len(plans) == WORLD
-    assert [name for name, _ in plans[0].candidates] == [d.name for d in reversed(directories)]
-    assert plans[0].committed is not None and plans[0].committed[0] == 30
+    assert [name for name, _ in plans[0].candidates] == [newest.name, older.name]
+    assert plans[0].candidates[0][1] == "" and "unreadable manifest" in plans[0].candidates[1][1]
+    assert plans[0].committed is not None and plans[0].committed[0] == 20
     for rank in (0, 7, 511):
-        assert all(record is not None and record["rank"] == rank for record in plans[rank].records)
+        record = plans[rank].records[0]
+        assert record is not None and record["rank"] == rank and plans[rank].records[1] is None
     # What one rank receives is small: its own records, not the manifest of 512.
     assert len(pickle.dumps(plans[511])) < 2048
 
@@ -137,7 +152,9 @@ def test_a_resume_at_512_ranks_reads_manifests_on_rank_0_and_one_shard_per_rank(
 def test_a_commit_at_512_ranks_runs_off_rank_0s_step_loop(
         tmp_path: Path, access: FileAccess) -> None:
     root = tmp_path / "store"
-    directory = _saved(root, 10, ranks=range(WORLD - 1), commit=False)  # rank 511 still writing
+    directory = _directory(root, 10)
+    for rank in range(WORLD - 1):  # rank 511 is still writing (the commit reads records only)
+        _write_rank(directory, rank, 10, shard=False)
     leader = _checkpointer(root, 0)
     leader._pending = [_Pending(10, directory, time.time(), 0.0)]
     me = threading.get_ident()
@@ -145,7 +162,7 @@ def test_a_commit_at_512_ranks_runs_off_rank_0s_step_loop(
     for _ in range(20):  # twenty steps while rank 511's write is in flight
         assert leader.poll().committed_step == -1
     assert access.on(me) == []
-    _write_rank(directory, WORLD - 1, 10)  # (this test's own write, on this thread)
+    _write_rank(directory, WORLD - 1, 10, shard=False)  # (this test's own write, this thread)
     written = len(access.calls)
     leader.wait_until_committed(timeout_seconds=60)
     assert leader.stats.committed_step == 10 and leader.stats.newly_committed == [10]
