@@ -85,7 +85,7 @@ def test_a_resume_prefers_a_local_copy_newer_than_the_newest_commit(
     assert checkpointer._local is not None
     _write(checkpointer._local, 30, value=3.0)
     loaded = checkpointer.load_latest()
-    assert loaded is not None and loaded.source == "local" and loaded.manifest is None
+    assert loaded is not None and loaded.source == "local" and not loaded.committed
     assert loaded.state["step"] == 30 and torch.equal(loaded.state["w"], torch.full((3,), 3.0))
 
 

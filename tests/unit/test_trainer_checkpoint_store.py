@@ -154,7 +154,8 @@ def test_a_failed_shard_write_does_not_block_later_commits(tmp_path: Path) -> No
         return made
 
     leader = checkpointer(0)
-    stats = leader.poll()
+    leader.wait_until_committed(timeout_seconds=60)  # the commits run on rank 0's commit thread
+    stats = leader.stats
     assert stats.committed_step == 30 and stats.abandoned == 1
     # Given up, then pruned with the other uncommitted directories once step 30 committed.
     assert not directories[10].exists()

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 from . import parallel, timeline
-from .checkpoint import Checkpointer, CheckpointError, job_identity, read_manifest
-from .checkpoint.store import committed_checkpoints, read_commit_log
+from .checkpoint import Checkpointer, job_identity
+from .checkpoint.store import read_commit_log
 from .config import Config
 from .data import TokenBatches
 from .errors import DataMismatchError
@@ -293,16 +293,13 @@ class Trainer:
         }
 
     def newest_commit(self) -> tuple[int | None, float | None]:
-        """The step and commit time of the newest checkpoint committed at this world size, read
-        from its manifest (every rank can read it; only rank 0 commits)."""
-        for directory in committed_checkpoints(Path(self.cfg.checkpoint.dir)):
-            try:
-                manifest = read_manifest(directory)
-            except CheckpointError:
-                continue
-            if manifest.world_size == self.ctx.world_size:
-                return manifest.step, manifest.committed_at
-        return None, None
+        """The step and commit time of the newest checkpoint committed at this world size: the
+        checkpointer's count (rank 0's resume plan, then the commits this attempt noticed), so
+        no rank reads a manifest at the end."""
+        stats = self.checkpointer.stats
+        if stats.committed_step < 0:
+            return None, None
+        return stats.committed_step, stats.committed_at
 
     def close(self, *, clean: bool) -> None:
         """Stop the checkpoint writer (abandoning its work unless `clean`) and free the device."""

@@ -10,10 +10,14 @@ Why this shape:
   CUDA on every device (the writer only ever sees host memory), and the queue is polled with
   `no_dist=True`, which needs no CUDA tensor. That is the only NVRx async path that works
   unpatched on CPU (docs/nvrx.md, C1); on CUDA the staging copy is the one extra step.
-- **Commits are noticed by polling** (`poll`, every step, no collectives): rank 0 commits
-  (rtj_trainer.checkpoint.store), the other ranks see the manifest appear. `load_latest` is the
-  one collective: every rank validates its own shard and they agree with an all-reduce, falling
-  back to the previous checkpoint if any rank finds a problem.
+- **Commits happen off the step loop** (rtj_trainer.checkpoint.store.CommitWorker): rank 0's
+  `poll` only hands saves to its commit thread and picks up what it resolved; the other ranks
+  learn of a commit from rank 0's small `commit-progress.json` (one `stat` per step while a save
+  is pending), never from the O(world size) manifest. No collectives.
+- **Resume** (`load_latest`): rank 0 alone reads the manifests and scatters to each rank its own
+  shard record per candidate (one collective); each rank checks only its own shard, and they
+  agree with one all-reduce per candidate, falling back to the previous checkpoint if any rank
+  finds a problem.
 - **A node-local fast tier** (`checkpoint.local_dir`, off by default; rtj_trainer.checkpoint.local):
   the writer also keeps each save in RAM on the node, and `load_latest` first asks every rank
   which local copies it holds; the newest one they all hold (if not older than the newest commit)
@@ -39,12 +43,11 @@ import torch.distributed as dist
 from ..config import CheckpointConfig
 from ..errors import ForeignCheckpointError, WorldSizeChangedError
 from .format import (
-    MANIFEST,
     CheckpointError,
     Manifest,
+    ShardRecord,
     checkpoint_dir_name,
     encode_skeleton,
-    read_manifest,
     read_shard,
     shard_file_name,
     shard_record_name,
@@ -60,16 +63,17 @@ from .local import (
 from .staging import HostStaging, flatten_state, plan_layout, stage_to_host
 from .store import (
     BackgroundDeleter,
-    abandon,
+    CommitOutcome,
+    CommitProgressReader,
+    CommitWorker,
+    ResumePlan,
     append_commit_log,
-    commit,
-    committed_checkpoints,
-    failed_writes,
-    is_abandoned,
     prune,
+    read_committed,
     refuse_foreign_checkpoints,
     refuse_other_world_size,
-    validation_problems,
+    resume_plans,
+    shard_problems,
     write_latest_committed_step,
 )
 from .writer import arm_writer, write_shard
@@ -84,6 +88,8 @@ class _Pending:
     started_at: float
     stall_seconds: float
     written: bool = False
+    submitted: bool = False
+    """Rank 0: handed to the commit thread."""
     wait_seconds: float = 0.0
     """Of the stall: waiting for this rank's previous write to finish (buffer reuse)."""
     copy_seconds: float = 0.0
@@ -110,8 +116,8 @@ class CheckpointStats:
 class LoadedCheckpoint:
     directory: Path
     """The checkpoint's directory on the shared store (it need not exist for a local copy)."""
-    manifest: Manifest | None
-    """None for a node-local copy of a step not (yet) committed."""
+    committed: bool
+    """False for a node-local copy of a step not (yet) committed."""
     state: dict[str, Any]
     rejected: tuple[str, ...]
     source: str = "store"
@@ -162,12 +168,10 @@ class Checkpointer:
             self._local = local_copy_dir(Path(cfg.local_dir), root, rank, world_size)
             remove_partial_copies(self._local)  # no writer of this rank runs yet
         root.mkdir(parents=True, exist_ok=True)
-        newest = committed_checkpoints(root)
-        if newest:
-            with contextlib.suppress(CheckpointError):
-                manifest = read_manifest(newest[0])
-                self.stats.committed_step = manifest.step
-                self.stats.committed_at = manifest.committed_at
+        self._committer: CommitWorker | None = None
+        """Rank 0's commit thread (started at the first save to commit)."""
+        self._progress = CommitProgressReader(root, identity)
+        """The other ranks' view of rank 0's commits."""
         if cfg.mode == "async" and cfg.interval_steps:
             self._async_queue()  # spawn the writer now, not at the first save
 
@@ -253,7 +257,10 @@ class Checkpointer:
             self._pending.append(pending)
             pending.stall_seconds = time.perf_counter() - began  # so far; the commit logs it
             dist.barrier()
-            self.poll()
+            if self.rank == 0:
+                self.wait_until_committed()  # sync mode: the commit is part of the save
+            else:
+                self.poll()
         pending.stall_seconds = time.perf_counter() - began
         self.stats.last_stall_seconds = pending.stall_seconds
         self.stats.last_wait_seconds = pending.wait_seconds
@@ -261,53 +268,77 @@ class Checkpointer:
         return pending.stall_seconds
 
     def poll(self) -> CheckpointStats:
-        """Finalize finished local writes; rank 0 commits complete checkpoints; everyone notices
-        commits. Cheap: a queue poll and a few stats, no collectives."""
+        """Finalize finished local writes and notice commits. Cheap and local: on rank 0 a queue
+        hand-over to the commit thread and a drain of its results (no file access); on the
+        other ranks one `stat` of `commit-progress.json` while a save is pending."""
         self.stats.newly_committed = []
         if self._queue is not None and self._queue.get_num_unfinalized_calls():
             self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
+        if not self._pending:
+            return self.stats
+        if self.rank == 0:
+            self._poll_commits()
+        else:
+            self._poll_progress()
+        return self.stats
+
+    def _commit_worker(self) -> CommitWorker:
+        if self._committer is None:
+            self._committer = CommitWorker(self.root, world_size=self.world_size,
+                                           identity=self.identity, job=self.job,
+                                           after_commit=self._record_commit)
+        return self._committer
+
+    def _poll_commits(self) -> None:
+        for pending in self._pending:
+            if not pending.submitted:
+                self._commit_worker().submit(pending.directory, pending.step, pending)
+                pending.submitted = True
+        outcomes: list[CommitOutcome] = (
+            self._committer.outcomes() if self._committer is not None else [])
+        for outcome in outcomes:
+            pending = self._pending.pop(0)
+            assert pending.step == outcome.step, (pending.step, outcome.step)
+            self.stats.last_write_seconds = time.time() - pending.started_at
+            if outcome.failure is not None:
+                raise CheckpointError(f"committing checkpoint step {outcome.step} failed: "
+                                      f"{outcome.failure}") from outcome.failure
+            if outcome.manifest is None:
+                self._abandoned(pending, list(outcome.errors))
+                continue
+            self._note_commit(outcome.manifest.step, outcome.manifest.committed_at)
+            if self.on_commit is not None:
+                self.on_commit(outcome.manifest)
+
+    def _poll_progress(self) -> None:
+        self._progress.refresh()
         while self._pending:
             pending = self._pending[0]
-            manifest_path = pending.directory / MANIFEST
-            if self.rank == 0:
-                manifest = commit(pending.directory, step=pending.step,
-                                  world_size=self.world_size, identity=self.identity,
-                                  job=self.job)
-                if manifest is None:
-                    # A rank whose write failed never leaves a record: give the step up, or it
-                    # would block every later commit (they commit in order).
-                    errors = failed_writes(pending.directory, world_size=self.world_size)
-                    if not errors:
-                        break
-                    abandon(pending.directory, "; ".join(errors))
-                    self._abandoned(pending, errors)
-                else:
-                    self._after_commit(manifest, pending)
-            elif manifest_path.exists():
-                with contextlib.suppress(CheckpointError):
-                    self._note_commit(read_manifest(pending.directory))
-            elif is_abandoned(pending.directory) or not pending.directory.exists():
-                # Given up by rank 0 (and maybe already pruned once a later step committed).
-                self._abandoned(pending, ["rank 0 gave this checkpoint up"])
-            else:
+            resolved = self._progress.outcome(pending.directory, pending.step)
+            if resolved is None:
                 break
+            committed, committed_at = resolved
+            if committed:
+                self._note_commit(pending.step, committed_at)
+            else:
+                self._abandoned(pending, ["rank 0 gave this checkpoint up"])
             self.stats.last_write_seconds = time.time() - pending.started_at
             self._pending.pop(0)
-        return self.stats
 
     def _abandoned(self, pending: _Pending, errors: list[str]) -> None:
         self.stats.abandoned += 1
         log.warning("checkpoint of step %d will not be committed (a shard write failed: %s); "
                     "later checkpoints still commit", pending.step, "; ".join(errors))
 
-    def _note_commit(self, manifest: Manifest) -> None:
-        self.stats.committed_step = manifest.step
-        self.stats.committed_at = manifest.committed_at
+    def _note_commit(self, step: int, committed_at: float) -> None:
+        self.stats.committed_step = step
+        self.stats.committed_at = committed_at
         self.stats.commits_this_attempt += 1
-        self.stats.newly_committed.append(manifest.step)
+        self.stats.newly_committed.append(step)
 
-    def _after_commit(self, manifest: Manifest, pending: _Pending) -> None:
-        self._note_commit(manifest)
+    def _record_commit(self, manifest: Manifest, pending: _Pending) -> None:
+        """Rank 0's commit thread, right after the manifest: the commit log, the ft_launcher
+        step file, and prune (the checkpoint this attempt resumed from is protected)."""
         writers = [shard.writer for shard in manifest.shards]
         line = {
             "step": manifest.step,
@@ -325,8 +356,6 @@ class Checkpointer:
         write_latest_committed_step(self.root, manifest.step)
         prune(self.root, keep=self.cfg.keep, delete=self._deleter, protect=self._resumed_from,
               current_identity=self.identity)
-        if self.on_commit is not None:
-            self.on_commit(manifest)
 
     def wait_until_committed(self, timeout_seconds: float = 600.0) -> None:
         """Block until every save of this rank is committed (used at the end of training)."""
@@ -350,40 +379,55 @@ class Checkpointer:
         return bool(flag.item())
 
     def load_latest(self) -> LoadedCheckpoint | None:
-        """Collective: the newest checkpoint that every rank finds valid, or None."""
-        # Rank 0 looks; every rank gets the same answer (and raises the same fatal error).
-        names: list[Any] = [[p.name for p in committed_checkpoints(self.root)], None]
+        """Collective: the newest checkpoint that every rank finds valid, or None.
+
+        Rank 0 alone lists the store and reads the manifests (`store.resume_plans`), then
+        scatters to each rank the candidates and its own shard records (one collective); each
+        rank checks only its own shard, and one all-reduce per candidate agrees."""
+        plans: list[Any] | None = None
         if self.rank == 0:
             try:
-                refuse_foreign_checkpoints(self.root, job=self.job, accepted=self.accepted_jobs)
-                refuse_other_world_size(self.root, world_size=self.world_size)
+                committed = read_committed(self.root)  # every manifest read once
+                refuse_foreign_checkpoints(self.root, job=self.job, accepted=self.accepted_jobs,
+                                           committed=committed)
+                refuse_other_world_size(self.root, world_size=self.world_size,
+                                        committed=committed)
+                plans = resume_plans(self.root, world_size=self.world_size, committed=committed)
             except (ForeignCheckpointError, WorldSizeChangedError) as exc:
-                names[1] = [type(exc).__name__, str(exc)]
-        dist.broadcast_object_list(names, src=0)
-        if names[1] is not None:
-            kind, message = names[1]
+                plans = [(type(exc).__name__, str(exc))] * self.world_size
+        received: list[Any] = [None]
+        dist.scatter_object_list(received, plans, src=0)
+        plan = received[0]
+        if not isinstance(plan, ResumePlan):
+            kind, message = plan
             if kind == ForeignCheckpointError.__name__:
                 raise ForeignCheckpointError(message)
             raise WorldSizeChangedError(message)
+        return self.load_from_plan(plan)
+
+    def load_from_plan(self, plan: ResumePlan) -> LoadedCheckpoint | None:
+        """This rank's part of `load_latest` once it holds its plan (all ranks call it
+        together: it runs one all-reduce per candidate tried)."""
+        if plan.committed is not None and self.stats.committed_step < 0:
+            self.stats.committed_step, self.stats.committed_at = plan.committed
+        records = dict(zip((name for name, _ in plan.candidates), plan.records, strict=True))
         if self._local is not None:
-            newest_committed = max((step_of(n) or -1 for n in names[0]), default=-1)
-            local = self._load_local(newest_committed)
+            newest_committed = max((step_of(n) or -1 for n, _ in plan.candidates), default=-1)
+            local = self._load_local(newest_committed, records)
             if local is not None:
                 return local
         rejected: list[str] = []
-        for name in names[0]:
+        for (name, verdict), data in zip(plan.candidates, plan.records, strict=True):
             directory = self.root / name
-            problems = validation_problems(
-                directory,
-                world_size=self.world_size,
-                verify_ranks=(self.rank,),
-                verify_checksums=self.cfg.verify_checksums,
-            )
+            if verdict:  # rank 0 refused the manifest: every rank knows, no agreement needed
+                rejected.append(verdict)
+                log.warning("not resuming from %s: %s", name, verdict)
+                continue
+            problems = self.own_shard_problems(directory, data)
             if not self._agree(not problems):
                 rejected.extend(problems or [f"{name}: rejected by another rank"])
                 log.warning("not resuming from %s: %s", name, problems or "another rank's shard")
                 continue
-            manifest = read_manifest(directory)
             try:  # a shard whose header is not plain data (format docstring) is refused here
                 state: dict[str, Any] | None = read_shard(
                     directory / shard_file_name(self.rank, self.world_size))
@@ -396,10 +440,24 @@ class Checkpointer:
                 continue
             assert state is not None
             self._resumed_from = directory
-            return LoadedCheckpoint(directory, manifest, state, tuple(rejected))
+            return LoadedCheckpoint(directory, True, state, tuple(rejected))
         return None
 
-    def _load_local(self, newest_committed: int) -> LoadedCheckpoint | None:
+    def own_shard_problems(self, directory: Path, data: dict[str, Any] | None) -> list[str]:
+        """Check this rank's shard in `directory` against the record rank 0 sent (`data`)."""
+        try:
+            if data is None:
+                raise CheckpointError(f"{directory.name}: no record for rank {self.rank}")
+            record = ShardRecord.from_json(data)
+            if record.rank != self.rank:
+                raise CheckpointError(f"{directory.name}: rank {record.rank}'s record was sent")
+        except (CheckpointError, KeyError, TypeError, ValueError) as exc:
+            return [str(exc)]
+        return shard_problems(directory, record, verify_checksums=self.cfg.verify_checksums)
+
+    def _load_local(
+        self, newest_committed: int, records: dict[str, dict[str, Any] | None]
+    ) -> LoadedCheckpoint | None:
         """Collective: the newest node-local copy every rank holds, if not older than the newest
         commit (and, for a committed step, the size its manifest records), or None."""
         assert self._local is not None
@@ -413,12 +471,12 @@ class Checkpointer:
         copy = next(c for c in mine if (c.step, c.identity) == chosen)
         directory = self.root / checkpoint_dir_name(step, identity)
         state: dict[str, Any] | None = None
-        manifest: Manifest | None = None
         problem = ""
+        committed = False
         try:
-            if (directory / MANIFEST).exists():
-                manifest = read_manifest(directory)
-                expected = next(s.bytes for s in manifest.shards if s.rank == self.rank)
+            if (data := records.get(directory.name)) is not None:
+                committed = True
+                expected = int(data["bytes"])
                 if copy.path.stat().st_size != expected:
                     raise CheckpointError(f"{copy.path.name}: {copy.path.stat().st_size} bytes, "
                                           f"the manifest records {expected}")
@@ -431,7 +489,7 @@ class Checkpointer:
             return None
         assert state is not None
         self._resumed_from = directory
-        return LoadedCheckpoint(directory, manifest, state, (), source="local")
+        return LoadedCheckpoint(directory, committed, state, (), source="local")
 
     def discard_local_copies(self) -> None:
         """The job finished: free this rank's node-local copies."""
@@ -439,6 +497,9 @@ class Checkpointer:
             discard_local_copies(self._local)
 
     def close(self, *, abort: bool = False) -> None:
+        if self._committer is not None:
+            self._committer.stop()
+            self._committer = None
         if self._queue is not None:
             if abort:
                 # The in-process wrapper's abort (AbortPersistentCheckpointProcesses, another

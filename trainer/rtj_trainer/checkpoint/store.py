@@ -1,18 +1,23 @@
 """The checkpoint directory: validation, the commit (manifest), pruning, and the commit log.
 
 Why this shape: **commit = manifest.** A writer fsyncs its shard, renames it into place, then
-writes a shard record (size, chunk digests, its own timings). Rank 0 polls (a few `stat`s per
-step, no collectives) and, once every rank's record exists, writes `manifest.json` through
-tmp + fsync + rename (`commit`). Only directories with a manifest count. Resume walks committed
-checkpoints newest first and validates each (world size, shard count, sizes, chunk checksums);
-`validation_problems` says why one cannot be used; another job's checkpoints are refused
-(`refuse_foreign_checkpoints`). The last `keep` committed checkpoints are kept
-(`prune`), and the slow delete runs off the step loop (`BackgroundDeleter`).
+writes a shard record (size, chunk digests, its own timings). Rank 0's commit thread
+(`CommitWorker`, off the step loop) lists the directory until every rank's record exists, reads
+each record once, and writes `manifest.json` through tmp + fsync + rename (`commit`); a save with
+an error record is abandoned instead, so it never blocks later ones. The other ranks learn the
+outcome from `commit-progress.json` (`CommitProgressReader`), never from the manifest. Only
+directories with a manifest count. Resume walks committed checkpoints newest first: rank 0
+reads each manifest once and checks it (`manifest_problems`), then gives each rank its own
+shard record (`resume_plans`), and each rank checks only its own shard (`shard_problems`: size,
+chunk checksums); `validation_problems` is the single-process whole check (tools, tests).
+Another job's checkpoints are refused (`refuse_foreign_checkpoints`). The last `keep` committed
+checkpoints are kept (`prune`), and the slow delete runs off the step loop (`BackgroundDeleter`).
 
-Besides the checkpoints, the root holds two files that other programs read:
-`commits.jsonl` (one record per commit, for benchmarks and the summary: `read_commit_log`) and
-`latest-committed-step` (the format of ft_launcher's `--ft-checkpoint-iteration-file`, which
-is not passed: docs/nvrx.md 2.2).
+Besides the checkpoints, the root holds files that other programs read: `commits.jsonl` (one
+record per commit, for benchmarks and the summary: `read_commit_log`), `latest-committed-step`
+(the format of ft_launcher's `--ft-checkpoint-iteration-file`, which is not passed:
+docs/nvrx.md 2.2) and `commit-progress.json` (this attempt's recent commit outcomes, for the
+other ranks).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,18 +50,8 @@ COMMIT_LOG = "commits.jsonl"
 LATEST_COMMITTED_STEP = "latest-committed-step"
 
 
-def validation_problems(
-    ckpt_dir: Path, *, world_size: int, verify_ranks: tuple[int, ...] | None, verify_checksums: bool
-) -> list[str]:
-    """Why `ckpt_dir` cannot be resumed at `world_size` (empty list: it can).
-
-    Sizes of all shards are always checked; chunk checksums only for `verify_ranks` (None: all),
-    so each rank can hash just its own shard.
-    """
-    try:
-        manifest = read_manifest(ckpt_dir)
-    except CheckpointError as exc:
-        return [str(exc)]
+def manifest_problems(ckpt_dir: Path, manifest: Manifest, *, world_size: int) -> list[str]:
+    """Rank 0's part of a resume check: why the manifest of `ckpt_dir` does not fit this job."""
     problems = []
     if manifest.world_size != world_size:
         problems.append(
@@ -63,22 +59,96 @@ def validation_problems(
         )
     if step_of(ckpt_dir.name) != manifest.step:
         problems.append(f"{ckpt_dir.name}: manifest says step {manifest.step}")
-    for shard in manifest.shards:
-        path = ckpt_dir / shard.file
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            problems.append(f"{ckpt_dir.name}: shard {shard.file} is missing")
-            continue
-        if size != shard.bytes:
-            problems.append(f"{ckpt_dir.name}: shard {shard.file} has {size} bytes, "
-                            f"manifest says {shard.bytes}")
-            continue
-        wanted = verify_ranks is None or shard.rank in verify_ranks
-        if verify_checksums and wanted and (bad := checksum_problems(path, shard)):
-            problems.append(f"{ckpt_dir.name}: shard {shard.file} fails its sha256 "
-                            f"({len(bad)} of {len(shard.chunks)} chunks: {', '.join(bad[:3])})")
     return problems
+
+
+def shard_problems(ckpt_dir: Path, shard: ShardRecord, *, verify_checksums: bool) -> list[str]:
+    """One rank's part of a resume check: its own shard's size (one `stat`) and, if asked, its
+    chunk sha256s, against the record rank 0 read from the manifest."""
+    path = ckpt_dir / shard.file
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return [f"{ckpt_dir.name}: shard {shard.file} is missing"]
+    if size != shard.bytes:
+        return [f"{ckpt_dir.name}: shard {shard.file} has {size} bytes, "
+                f"manifest says {shard.bytes}"]
+    if verify_checksums and (bad := checksum_problems(path, shard)):
+        return [f"{ckpt_dir.name}: shard {shard.file} fails its sha256 "
+                f"({len(bad)} of {len(shard.chunks)} chunks: {', '.join(bad[:3])})"]
+    return []
+
+
+def validation_problems(
+    ckpt_dir: Path, *, world_size: int, verify_ranks: tuple[int, ...] | None, verify_checksums: bool
+) -> list[str]:
+    """Single-process view (tools, tests): why `ckpt_dir` cannot be resumed at `world_size`
+    (empty list: it can), checking the shards of `verify_ranks` (None: all). A resume does not
+    call this: rank 0 checks the manifest and each rank only its own shard (`resume_plan`)."""
+    try:
+        manifest = read_manifest(ckpt_dir)
+    except CheckpointError as exc:
+        return [str(exc)]
+    problems = manifest_problems(ckpt_dir, manifest, world_size=world_size)
+    for shard in manifest.shards:
+        if verify_ranks is None or shard.rank in verify_ranks:
+            problems.extend(shard_problems(ckpt_dir, shard, verify_checksums=verify_checksums))
+    return problems
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePlan:
+    """What rank 0 sends each rank before a resume (one scatter): the committed candidates,
+    newest first, each with rank 0's verdict on its manifest ("" when it fits), and for each
+    candidate this rank's shard record (None where the manifest did not fit)."""
+
+    candidates: tuple[tuple[str, str], ...]
+    records: tuple[dict[str, Any] | None, ...]
+    committed: tuple[int, float] | None
+    """The newest commit at this world size (step, commit time), for the metrics."""
+
+
+Committed = list[tuple[Path, Manifest | CheckpointError]]
+"""The committed checkpoints, newest first, each with its manifest or why it cannot be read."""
+
+
+def read_committed(root: Path) -> Committed:
+    """List the committed checkpoints and read each manifest once (rank 0 before a resume: the
+    foreign-job check, the world-size check and the resume plan all use this one pass)."""
+    found: Committed = []
+    for ckpt_dir in committed_checkpoints(root):
+        try:
+            found.append((ckpt_dir, read_manifest(ckpt_dir)))
+        except CheckpointError as exc:
+            found.append((ckpt_dir, exc))
+    return found
+
+
+def resume_plans(
+    root: Path, *, world_size: int, committed: Committed | None = None
+) -> list[ResumePlan]:
+    """Rank 0: read each committed manifest once and split it into one plan per rank. The other
+    ranks then touch nothing but their own shard files: the cost of a resume is O(checkpoints x
+    world size) reads on rank 0 and O(1) per other rank, not a `stat` of every shard on every
+    rank."""
+    candidates: list[tuple[str, str]] = []
+    per_rank: list[list[dict[str, Any] | None]] = [[] for _ in range(world_size)]
+    newest: tuple[int, float] | None = None
+    for ckpt_dir, read in read_committed(root) if committed is None else committed:
+        manifest = read if isinstance(read, Manifest) else None
+        problems = ([str(read)] if manifest is None
+                    else manifest_problems(ckpt_dir, manifest, world_size=world_size))
+        if manifest is None or problems:
+            candidates.append((ckpt_dir.name, "; ".join(problems)))
+            for records in per_rank:
+                records.append(None)
+            continue
+        if newest is None:
+            newest = (manifest.step, manifest.committed_at)
+        candidates.append((ckpt_dir.name, ""))
+        for shard in manifest.shards:
+            per_rank[shard.rank].append(shard.to_json())
+    return [ResumePlan(tuple(candidates), tuple(records), newest) for records in per_rank]
 
 
 def committed_checkpoints(root: Path) -> list[Path]:
@@ -95,10 +165,12 @@ def committed_checkpoints(root: Path) -> list[Path]:
     return [entry for _, _, entry in found]
 
 
-def refuse_other_world_size(root: Path, *, world_size: int) -> None:
+def refuse_other_world_size(
+    root: Path, *, world_size: int, committed: Committed | None = None
+) -> None:
     """Raise `WorldSizeChangedError` (fatal) when committed checkpoints exist only at another
     world size: starting from step 0 instead would silently throw the training away."""
-    others = other_world_sizes(root, world_size=world_size)
+    others = other_world_sizes(root, world_size=world_size, committed=committed)
     if others:
         shown = " or ".join(str(n) for n in others)
         raise WorldSizeChangedError(
@@ -108,18 +180,19 @@ def refuse_other_world_size(root: Path, *, world_size: int) -> None:
         )
 
 
-def refuse_foreign_checkpoints(root: Path, *, job: str, accepted: Collection[str] = ()) -> None:
+def refuse_foreign_checkpoints(
+    root: Path, *, job: str, accepted: Collection[str] = (), committed: Committed | None = None
+) -> None:
     """Raise `ForeignCheckpointError` (fatal) when a committed checkpoint under `root` was written
     by a job other than `job` and not in `accepted` (`spec.checkpoint.resumeFromJobs`): a job
     resumes only its own checkpoints unless its spec names the other job on purpose. The record is
     a guard against two jobs sharing a path by mistake, not a signature (docs/security.md).
     Manifests that cannot be read are left to validation (they are skipped there)."""
     foreign: dict[str, list[str]] = {}
-    for ckpt_dir in committed_checkpoints(root):
-        try:
-            owner = read_manifest(ckpt_dir).job
-        except CheckpointError:
+    for ckpt_dir, read in read_committed(root) if committed is None else committed:
+        if not isinstance(read, Manifest):
             continue
+        owner = read.job
         if owner != job and owner not in accepted:
             foreign.setdefault(owner, []).append(ckpt_dir.name)
     if foreign:
@@ -148,16 +221,16 @@ def newest_valid_checkpoint(
     return None, rejected
 
 
-def other_world_sizes(root: Path, *, world_size: int) -> list[int]:
+def other_world_sizes(
+    root: Path, *, world_size: int, committed: Committed | None = None
+) -> list[int]:
     """The world sizes of the committed checkpoints under `root` when none of them was written at
     `world_size` (then no checkpoint can be resumed: they are per-rank shards, never resharded);
     [] when one was, or when there is none. Unreadable manifests are left out."""
     sizes = set()
-    for ckpt_dir in committed_checkpoints(root):
-        try:
-            sizes.add(read_manifest(ckpt_dir).world_size)
-        except CheckpointError:
-            continue
+    for _, read in read_committed(root) if committed is None else committed:
+        if isinstance(read, Manifest):
+            sizes.add(read.world_size)
     return [] if not sizes or world_size in sizes else sorted(sizes)
 
 
@@ -169,10 +242,10 @@ never be committed, every rank skips it, and prune removes it like any uncommitt
 def failed_writes(ckpt_dir: Path, *, world_size: int) -> list[str]:
     """The error records (`<record>.error`) that ranks left in `ckpt_dir` (writer.write_shard)."""
     errors = []
-    for rank in range(world_size):
-        path = ckpt_dir / (shard_record_name(rank, world_size) + ".error")
-        if path.is_file():
-            errors.append(f"rank {rank}: {path.read_text(errors='replace')[:200]}")
+    for name in record_listing(ckpt_dir, world_size=world_size)[1]:
+        rank = name.split("-", 2)[1] if name.count("-") >= 2 else "?"
+        text = (ckpt_dir / name).read_text(errors="replace")[:200]
+        errors.append(f"rank {int(rank) if rank.isdigit() else rank}: {text}")
     return errors
 
 
@@ -185,16 +258,32 @@ def is_abandoned(ckpt_dir: Path) -> bool:
     return (ckpt_dir / ABANDONED).is_file()
 
 
+def record_listing(ckpt_dir: Path, *, world_size: int) -> tuple[int, list[str]]:
+    """One directory listing of `ckpt_dir`: how many shard records are missing, and the names of
+    the error records (`<record>.error`, writer.write_shard) that ranks left. One `readdir`
+    instead of a `stat` per rank."""
+    try:
+        names = set(os.listdir(ckpt_dir))
+    except FileNotFoundError:
+        return world_size, []
+    missing = sum(1 for rank in range(world_size)
+                  if shard_record_name(rank, world_size) not in names)
+    errors = sorted(name for name in names if name.endswith(".json.error"))
+    return missing, errors
+
+
 def commit(
     ckpt_dir: Path, *, step: int, world_size: int, identity: str, job: str = ""
 ) -> Manifest | None:
     """Rank 0: write the manifest (naming `job`, see `format.job_identity`) if every rank's shard
-    record is there; else None."""
+    record is there; else None. One listing while records are missing; once all are there, each
+    record is read once (this runs on `CommitWorker`'s thread, off the step loop)."""
+    missing, _ = record_listing(ckpt_dir, world_size=world_size)
+    if missing:
+        return None
     records = []
     for rank in range(world_size):
         path = ckpt_dir / shard_record_name(rank, world_size)
-        if not path.is_file():
-            return None
         record = ShardRecord.from_json(json.loads(path.read_text()))
         if record.rank != rank:
             raise CheckpointError(f"{path} is rank {record.rank}'s record")
@@ -328,3 +417,164 @@ def write_latest_committed_step(root: Path, step: int) -> None:
     tmp = root / f".{LATEST_COMMITTED_STEP}.tmp-{os.getpid()}"
     tmp.write_text(f"{step}\n")
     os.replace(tmp, root / LATEST_COMMITTED_STEP)
+
+
+COMMIT_PROGRESS = "commit-progress.json"
+"""Rank 0's commit progress for the other ranks: how they learn of a commit (one `stat` per step,
+one small read when it changed) instead of reading the manifest (O(world size)) every commit."""
+_RECENT_OUTCOMES = 64
+
+
+def write_commit_progress(
+    root: Path, *, identity: str, outcomes: dict[int, tuple[bool, float]]
+) -> None:
+    """Rank 0 (the commit thread): the outcome of this attempt's newest resolved saves, step ->
+    (committed, commit time); a step not committed was abandoned."""
+    recent = sorted(outcomes)[-_RECENT_OUTCOMES:]
+    write_json_atomic(root / COMMIT_PROGRESS, {
+        "identity": identity,
+        "newest": max(outcomes, default=-1),
+        "outcomes": {str(step): list(outcomes[step]) for step in recent},
+    })
+
+
+@dataclass(slots=True)
+class CommitProgressReader:
+    """A non-zero rank's view of `commit-progress.json` for its own attempt (`identity`)."""
+
+    root: Path
+    identity: str
+    newest: int = -1
+    outcomes: dict[int, tuple[bool, float]] = field(default_factory=dict)
+    _seen: tuple[int, int, int] | None = None
+
+    def refresh(self) -> None:
+        """One `stat`; the file is read only when it was replaced since the last look."""
+        path = self.root / COMMIT_PROGRESS
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            return
+        key = (info.st_ino, info.st_mtime_ns, info.st_size)
+        if key == self._seen:
+            return
+        self._seen = key
+        try:
+            data = json.loads(path.read_text())
+            if data.get("identity") != self.identity:
+                return  # a previous attempt's progress: this attempt has resolved nothing yet
+            self.newest = int(data["newest"])
+            self.outcomes = {int(step): (bool(done), float(at))
+                             for step, (done, at) in dict(data["outcomes"]).items()}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            self._seen = None  # unreadable (not written by rank 0's writer): look again later
+
+    def outcome(self, ckpt_dir: Path, step: int) -> tuple[bool, float] | None:
+        """(committed, commit time) once rank 0 resolved `step`, else None. A step older than
+        the recent outcomes the file keeps is looked up by its manifest (one `stat`)."""
+        if step in self.outcomes:
+            return self.outcomes[step]
+        if step > self.newest:
+            return None
+        try:
+            return True, (ckpt_dir / MANIFEST).stat().st_mtime
+        except FileNotFoundError:
+            return False, 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOutcome:
+    step: int
+    manifest: Manifest | None
+    """None: the save was abandoned (`errors`) or the commit failed (`failure`)."""
+    errors: tuple[str, ...] = ()
+    failure: Exception | None = None
+
+
+class CommitWorker:
+    """Rank 0's commits on a daemon thread, off the step loop.
+
+    Saves are resolved one at a time in the order submitted (step order): the thread lists the
+    directory (one `readdir`) until every rank's record is there, then reads each record once and
+    writes the manifest (`commit`), runs `after_commit` (commit log, `latest-committed-step`,
+    prune), and writes `commit-progress.json`. A save with an error record is abandoned instead,
+    so it never blocks later ones. The step loop only drains `outcomes()`: no file access."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        world_size: int,
+        identity: str,
+        job: str,
+        after_commit: Callable[[Manifest, Any], object],
+        interval_seconds: float = 0.05,
+    ) -> None:
+        self.root = root
+        self.world_size = world_size
+        self.identity = identity
+        self.job = job
+        self.after_commit = after_commit
+        self.interval_seconds = interval_seconds
+        self._jobs: queue.Queue[tuple[Path, int, Any]] = queue.Queue()
+        self._outcomes: queue.Queue[CommitOutcome] = queue.Queue()
+        self._stop = threading.Event()
+        self._resolved: dict[int, tuple[bool, float]] = {}
+        self._thread = threading.Thread(target=self._run, name="rtj-checkpoint-commit",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, directory: Path, step: int, context: Any = None) -> None:
+        self._jobs.put((directory, step, context))
+
+    def outcomes(self) -> list[CommitOutcome]:
+        """The saves resolved since the last call, in submission order (never blocks)."""
+        done = []
+        while True:
+            try:
+                done.append(self._outcomes.get_nowait())
+            except queue.Empty:
+                return done
+
+    def stop(self, timeout_seconds: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_seconds)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                directory, step, context = self._jobs.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            outcome = None
+            while outcome is None and not self._stop.is_set():
+                outcome = self._resolve(directory, step, context)
+                if outcome is None:
+                    self._stop.wait(self.interval_seconds)
+            if outcome is not None:
+                self._outcomes.put(outcome)
+
+    def _resolve(self, directory: Path, step: int, context: Any) -> CommitOutcome | None:
+        try:
+            missing, error_records = record_listing(directory, world_size=self.world_size)
+            if missing and not error_records:
+                return None
+            if error_records:
+                errors = failed_writes(directory, world_size=self.world_size)
+                abandon(directory, "; ".join(errors))
+                outcome = CommitOutcome(step, None, tuple(errors))
+                self._resolved[step] = (False, 0.0)
+            else:
+                manifest = commit(directory, step=step, world_size=self.world_size,
+                                  identity=self.identity, job=self.job)
+                if manifest is None:  # a record vanished between the listing and the read
+                    return None
+                self.after_commit(manifest, context)
+                outcome = CommitOutcome(step, manifest)
+                self._resolved[step] = (True, manifest.committed_at)
+            write_commit_progress(self.root, identity=self.identity, outcomes=self._resolved)
+            for old in sorted(self._resolved)[:-_RECENT_OUTCOMES]:
+                del self._resolved[old]
+            return outcome
+        except Exception as exc:  # handed to the step loop, which raises it (poll)
+            return CommitOutcome(step, None, failure=exc)
