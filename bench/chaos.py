@@ -418,7 +418,7 @@ class Campaign:
         pod = f"{plan.name}-{fault.rank // 2}"
 
         def writer() -> int | None:
-            return find_writer(self.pod_pgids(pod))
+            return find_writer(self.pod_pids(pod))
 
         pid = self.wait_until(f"a checkpoint writer in pod {pod}", deadline, writer, commits,
                               plan.name)
@@ -426,11 +426,22 @@ class Campaign:
         os.kill(pid, signal.SIGKILL)
         return at
 
-    def pod_pgids(self, pod: str) -> list[int]:
+    def pod_pids(self, pod: str) -> set[int]:
+        """Every process of the pod: its cgroup (torchelastic starts workers in sessions of
+        their own, so process groups miss them)."""
         for described in self.cluster.nodes.pods():
             if described["namespace"] == self.namespace and described["name"] == pod:
-                return [int(p) for p in (described.get("pgids") or {}).values()]
-        return []
+                cgroup = described.get("cgroup")
+                if not cgroup:
+                    return set()
+                pids: set[int] = set()
+                for procs in Path(cgroup).rglob("cgroup.procs"):
+                    try:
+                        pids.update(int(x) for x in procs.read_text().split())
+                    except (OSError, ValueError):
+                        continue
+                return pids
+        return set()
 
     def wait_for_recovery(self, plan: JobPlan, result: FaultResult, commits: dict[int, float],
                           deadline: float) -> None:
@@ -461,20 +472,16 @@ class Campaign:
             self.start_operator()
 
 
-def find_writer(pgids: list[int]) -> int | None:
-    """The pid of a checkpoint writer process (named `rtj-ckpt-writer` by the trainer) in these
-    process groups."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+def find_writer(pids: set[int]) -> int | None:
+    """The pid of a checkpoint writer process (named `rtj-ckpt-writer` by the trainer) among
+    these processes."""
+    for pid in sorted(pids):
         try:
-            stat = (entry / "stat").read_text()
-            pgid = int(stat[stat.rindex(")") + 2:].split()[2])
-            name = (entry / "comm").read_text().strip()
-        except (OSError, ValueError, IndexError):
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
             continue
-        if pgid in pgids and name == "rtj-ckpt-writer":
-            return int(entry.name)
+        if name == "rtj-ckpt-writer":
+            return pid
     return None
 
 
