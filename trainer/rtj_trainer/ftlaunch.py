@@ -95,9 +95,43 @@ def _record_termination(failed: list[tuple[int, int]]) -> None:
         log.error("cannot write the termination message %s: %s", path, exc)
 
 
+def reset_aborted_rank_monitors() -> None:
+    """A rank monitor that saw its rank's connection drop twice without a message in between
+    (a worker that exited while restarting in-process) is ABORTED for good in NVRx 0.7.0, and
+    ft_launcher keeps its rank monitors for the launcher's life: every later worker of that local
+    rank then has its heartbeats refused ("Broken pipe") and fails, cycle after cycle. A new
+    cycle means new worker processes, so the monitor starts afresh when the launcher announces
+    one. (The monitors are forked from this process: the patch reaches them.)"""
+    from nvidia_resiliency_ext.fault_tolerance import rank_monitor_server
+    from nvidia_resiliency_ext.fault_tolerance.rank_monitor_state_machine import (
+        RankMonitorState,
+        RankMonitorStateMachine,
+    )
+
+    server = rank_monitor_server.RankMonitorServer
+    original = server._handle_update_config_msg
+    if getattr(original, "_rtj_patched", False):
+        return
+
+    async def _handle_update_config_msg(self: Any, msg: Any, writer: Any,
+                                        send_response: bool = True) -> None:
+        cycle = getattr(msg, "current_cycle", None)
+        if (cycle is not None and cycle != self.current_cycle
+                and self.state_machine.state == RankMonitorState.ABORTED):
+            self.logger.warning(f"cycle {cycle}: the rank monitor was aborted in cycle "
+                                f"{self.current_cycle}; starting afresh for the new workers")
+            self.state_machine = RankMonitorStateMachine(self.rmlogger)
+        await original(self, msg, writer, send_response)
+
+    _handle_update_config_msg._rtj_patched = True  # type: ignore[attr-defined]
+    server._handle_update_config_msg = _handle_update_config_msg  # type: ignore[method-assign]
+
+
 def install(options: ShimOptions) -> None:
     """Patch ft_launcher's agent in this process (before `launcher.main()` runs)."""
     from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher
+
+    reset_aborted_rank_monitors()
     from torch.distributed.elastic.agent.server.api import WorkerState
 
     agent = launcher.LocalElasticAgent
