@@ -13,23 +13,33 @@ from nvidia_resiliency_ext.fault_tolerance.rank_monitor_state_machine import (
     RankMonitorState,
     RankMonitorStateMachine,
 )
-
 from rtj_trainer.ftlaunch import reset_aborted_rank_monitors
 
 pytestmark = pytest.mark.unit
+
+
+class _RestarterLog:
+    """What RankMonitorStateMachine logs through (NVRx's RankMonitorLogger): the events only."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def log_restarter_event(self, text: str) -> None:
+        self.events.append(text)
 
 
 def _aborted_monitor(cycle: int) -> SimpleNamespace:
     """The parts of a RankMonitorServer the config handler touches, in the state NVRx leaves a
     monitor whose worker exited while restarting in-process."""
     log = logging.getLogger("test-rank-monitor")
-    machine = RankMonitorStateMachine(log)
+    rmlog = _RestarterLog()
+    machine = RankMonitorStateMachine(rmlog)
     machine.handle_heartbeat_msg()  # UNINITIALIZED -> INITIALIZE
     machine.handle_ipc_connection_lost()  # -> HANDLING_START (an in-process restart)
     machine.handle_ipc_connection_lost()  # -> ABORTED (the worker exited meanwhile)
     assert machine.state == RankMonitorState.ABORTED
-    return SimpleNamespace(state_machine=machine, current_cycle=cycle, rmlogger=log, logger=log,
-                           cfg=SimpleNamespace())
+    return SimpleNamespace(state_machine=machine, current_cycle=cycle, rmlogger=rmlog,
+                           logger=log, cfg=SimpleNamespace())
 
 
 def _announce(monitor: SimpleNamespace, cycle: int) -> None:
