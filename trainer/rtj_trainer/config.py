@@ -126,6 +126,9 @@ class CheckpointConfig(_Section):
     """Also keep each rank's newest saves in this node-local folder (RAM: /dev/shm/...), and
     resume from there when every rank holds the same save and it is not older than the newest
     commit (rtj_trainer.checkpoint.local). Needs room for two shards per local rank. Off: None."""
+    stop_check_every_steps: int = Field(default=1, ge=1)
+    """How often (in steps) the ranks agree whether one of them got SIGTERM (one all-reduce of
+    two integers); a stop saves the step of the first check after the signal (rtj_trainer.stop)."""
     test_write_delay_seconds: float = Field(default=0.0, ge=0)
     """Testing knob: the writer sleeps this long before writing, to widen the mid-save window."""
 
