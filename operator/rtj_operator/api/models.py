@@ -667,7 +667,11 @@ class PodTemplate(ApiModel):
     )
     termination_grace_period_seconds: int | None = Field(
         default=None,
-        description="Seconds a trainer gets between SIGTERM and SIGKILL.",
+        description=(
+            "Seconds a trainer gets between SIGTERM and SIGKILL (default 120). On SIGTERM the "
+            "trainers commit a checkpoint of their current step before they exit; size it for "
+            "one or two saves of a rank's shard."
+        ),
         ge=0,
         le=86400,
     )
