@@ -131,3 +131,13 @@ def test_arming_off_the_main_thread_changes_nothing() -> None:
 
 def test_the_process_wide_flag_starts_unset() -> None:
     assert not STOP.requested and not STOP.armed
+
+
+def test_a_worker_stopped_for_a_peer_is_never_taken_for_a_non_retryable_exit() -> None:
+    from types import SimpleNamespace
+
+    from rtj_trainer.ftlaunch import non_retryable_failures
+    from rtj_trainer.stop import PEER_STOPPED_EXIT_CODE
+
+    failures = {0: SimpleNamespace(exitcode=PEER_STOPPED_EXIT_CODE), 1: SimpleNamespace(exitcode=7)}
+    assert non_retryable_failures(failures, frozenset({PEER_STOPPED_EXIT_CODE, 7})) == [(1, 7)]

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import termination
-from .stop import STOP_SIGNAL
+from .stop import PEER_STOPPED_EXIT_CODE, STOP_SIGNAL
 
 STOP_REASON = "trainer_non_retryable_exit"
 """What the rendezvous store records as the reason the job must not be restarted."""
@@ -84,11 +84,13 @@ def split_argv(argv: Sequence[str]) -> tuple[ShimOptions, list[str]]:
 
 
 def non_retryable_failures(failures: Any, codes: frozenset[int]) -> list[tuple[int, int]]:
-    """(global rank, exit code) of the failed workers whose code is in `codes`."""
+    """(global rank, exit code) of the failed workers whose code is in `codes`. A worker that
+    checkpointed and stopped because a peer was asked to stop (`PEER_STOPPED_EXIT_CODE`) is
+    never one: it must be restarted, whatever the job lists."""
     found = []
     for rank, failure in sorted((failures or {}).items()):
         code = getattr(failure, "exitcode", None)
-        if isinstance(code, int) and code in codes:
+        if isinstance(code, int) and code in codes and code != PEER_STOPPED_EXIT_CODE:
             found.append((int(rank), code))
     return found
 

@@ -560,7 +560,8 @@ class FaultTolerance(ApiModel):
             "restarts and reports the code in the pod's termination message) and against the "
             "trainer container's own exit code (ft_launcher's: 1, or 128+N for signal N). 93 "
             "(ft_launcher's 'do not restart') and the trainer's fatal-error code 94 always "
-            "fail the job."
+            "fail the job. A worker's 95 (it committed a checkpoint and stopped because another "
+            "pod was being ended) is never matched: it is restarted."
         ),
         max_length=32,
         json_schema_extra={"x-kubernetes-list-type": "set", "default": []},
