@@ -68,7 +68,7 @@ def _apply_one(
                 action.name, namespace,
                 body=kubernetes.client.V1DeleteOptions(
                     preconditions=kubernetes.client.V1Preconditions(uid=action.uid),
-                    grace_period_seconds=0 if action.force else None,
+                    grace_period_seconds=0 if action.force else action.grace_seconds,
                 ),
                 _request_timeout=timeout,
             )

@@ -156,3 +156,4 @@ async def cleanup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         timeout=SETTINGS.api_request_timeout_seconds,
     )
     metrics.record_job_state(f"{body.metadata.namespace}/{body.metadata.name}", None)
+    metrics.record_job_status(body.metadata.namespace or "", body.metadata.name or "", None)

@@ -38,6 +38,10 @@ class DeletePod:
     force: bool = False
     """Delete at once (gracePeriodSeconds 0): only for a pod whose node is lost, whose kubelet
     can never confirm a graceful delete."""
+    grace_seconds: int | None = None
+    """gracePeriodSeconds for a graceful delete (None: the pod's own). Fault recovery uses a
+    short one (`recovery.RECOVERY_GRACE_SECONDS`): the trainers answer SIGTERM by committing a
+    checkpoint first (rtj_trainer.stop), which a hung or broken job cannot do."""
 
 
 @dataclass(frozen=True)

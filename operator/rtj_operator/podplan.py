@@ -29,8 +29,19 @@ from rtj_operator.profiles import (
     InstanceProfile,
 )
 
-DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS = 30
-"""Kubernetes' default; used when spec.podTemplate.terminationGracePeriodSeconds is not set."""
+DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS = 120
+"""The trainer pod's grace period when spec.podTemplate.terminationGracePeriodSeconds is not set.
+
+On SIGTERM (suspend, preemption, deletion, drain) the trainers commit a checkpoint of their
+current step before they exit (rtj_trainer.stop), within ft_launcher's `--term-timeout` (this
+minus a tenth: 108 s). Sized for a p5.48xlarge: finishing the step in progress (seconds), then
+waiting for the previous asynchronous save still being written (at most one save), then
+writing the stop save. A rank's shard of the 1B preset (11.3 GB) writes in 7-9 s at the
+1.3-1.6 GB/s measured on one H200 node (docs/benchmarks.md), so two saves take under 20 s; 108 s
+leaves room for two saves of about 70 GB per rank (a 70B model with Adam over 16 ranks) at that
+rate. Jobs with bigger shards or slower storage set a longer one. Kubernetes' own default
+(30 s) was too short for that. Pods deleted to recover from a fault get a short one instead
+(`decisions.recovery.RECOVERY_GRACE_SECONDS`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -123,6 +123,7 @@ async def run_pass(
             metrics.RESTARTS.labels(action=incident.action).inc()
     metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
     metrics.record_job_state(f"{namespace}/{job.name}", decision.status.state)
+    metrics.record_job_status(namespace, job.name, decision.status)
     return PassResult(
         status_patch=status_patch(current_status, api_status(decision.status)),
         events=decision.events,

@@ -5,7 +5,9 @@ tests/unit/test_contract_operator_trainer.py, as the packages never import each 
 file at the container's `terminationMessagePath`; the kubelet copies it into
 `containerStatuses[].state.terminated.message`. The operator reads only these keys:
 
-- `outcome`: `Succeeded` or `Failed` (restarting cannot help: the job fails at once);
+- `outcome`: `Succeeded`, `Failed` (restarting cannot help: the job fails at once) or `Stopped`
+  (the trainer was asked to stop by SIGTERM and committed a checkpoint of `step` first; a pod
+  that says so is neither a success nor a failure);
 - `step`, `committedStep`, `committedTime`: where training ended and its newest committed
   checkpoint (unix seconds); the final `status.step` and `status.lastCheckpoint` come from them;
 - `reason`, `message`: why, for the job's condition and Event;
@@ -23,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-OUTCOMES = ("Succeeded", "Failed")
+OUTCOMES = ("Succeeded", "Failed", "Stopped")
 _WORD = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,63}$")
 
 
@@ -31,7 +33,7 @@ _WORD = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,63}$")
 class TrainerOutcome:
     """A trainer pod's termination message, checked."""
 
-    outcome: Literal["Succeeded", "Failed"]
+    outcome: Literal["Succeeded", "Failed", "Stopped"]
     step: int | None = None
     committed_step: int | None = None
     committed_time: float | None = None
@@ -42,6 +44,11 @@ class TrainerOutcome:
     @property
     def failed(self) -> bool:
         return self.outcome == "Failed"
+
+    @property
+    def stopped(self) -> bool:
+        """Asked to stop, it checkpointed `committed_step` and exited on purpose."""
+        return self.outcome == "Stopped"
 
 
 def _optional_int(data: dict[str, Any], key: str) -> int | None:

@@ -199,9 +199,19 @@ def test_a_killed_trainer_pod_is_replaced_alone_and_the_job_succeeds(
     assert rdzv_before and final["restarts"]["full"] == 0
 
 
-def test_suspend_then_resume_continues_from_the_last_committed_checkpoint(
+def checkpoint_dir(cluster: Cluster, ns: str, claim: str, job_name: str) -> Path:
+    """The job's checkpoint directory on this machine (the harness's PVs are hostPath)."""
+    volume = cluster.kubectl("get", "pvc", claim, "-n", ns, "-o",
+                             "jsonpath={.spec.volumeName}").stdout.strip()
+    host = cluster.kubectl("get", "pv", volume, "-o", "jsonpath={.spec.hostPath.path}").stdout
+    return Path(host.strip()) / job_name
+
+
+def test_suspend_commits_the_current_step_and_resume_continues_from_it(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
+    """Issue 14: suspend a running job, see a checkpoint of the step at suspension committed,
+    resume it, and see training continue from that step with no steps lost."""
     ns, name = namespace, "pause"
     apply(cluster, ns, cpu_tiny(name, steps=150, faults=None))
     context = lambda: describe(cluster, ns, name, operator)  # noqa: E731
@@ -217,8 +227,20 @@ def test_suspend_then_resume_continues_from_the_last_committed_checkpoint(
     suspended = status(cluster, ns, name)
     assert suspended["state"] == "Suspended"
     assert "persistentvolumeclaim/pause-checkpoints" in children(cluster, ns, name)
-    checkpoint_at_suspend = suspended["lastCheckpoint"]["step"]
-    assert checkpoint_at_suspend >= 30
+
+    directory = checkpoint_dir(cluster, ns, "pause-checkpoints", name)
+    losses = [json.loads(line) for line in (directory / "losses.jsonl").read_text().splitlines()]
+    stopped_at = losses[-1]["step"]  # the last step trained before the suspend
+    assert 30 <= stopped_at < 150
+    commits = [json.loads(line) for line in (directory / "commits.jsonl").read_text().splitlines()]
+    assert commits[-1]["step"] == stopped_at, (stopped_at, commits[-3:])  # that step, committed
+    assert json.loads((directory / "job-state.json").read_text())["stopped_step"] == stopped_at
+    # The operator records it when a pass saw the pods' termination messages before they went.
+    recorded = suspended["lastCheckpoint"]["step"]
+    assert recorded <= stopped_at
+    suspended_condition = next(c for c in suspended["conditions"] if c["type"] == "Suspended")
+    if recorded == stopped_at and "before stopping" in suspended_condition["message"]:
+        assert f"checkpointed step {stopped_at} before stopping" in suspended_condition["message"]
 
     cluster.kubectl("patch", "rtj", name, "-n", ns, "--type=merge",
                     "-p", '{"spec": {"suspend": false}}')
@@ -228,9 +250,13 @@ def test_suspend_then_resume_continues_from_the_last_committed_checkpoint(
     assert final["state"] == "Succeeded", context()
     assert final["step"] == 150
     resumed = re.findall(r"resumed from \S+ \(step (\d+)\)", cluster.pod_log(ns, f"{name}-0"))
-    assert resumed, cluster.pod_log(ns, f"{name}-0")[-3000:]
-    assert int(resumed[-1]) >= checkpoint_at_suspend
+    assert resumed and int(resumed[-1]) == stopped_at, cluster.pod_log(ns, f"{name}-0")[-3000:]
+    losses = [json.loads(line) for line in (directory / "losses.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in losses] == list(range(1, 151))  # no step lost, none repeated
     assert [r["attempt"] for r in final["ranks"]] == [1, 1]
+    assert final["restarts"]["total"] == 0  # a suspend is not a restart
+    assert summary(cluster, ns, f"{name}-0")["restarts"] == {"inprocess": 0, "launcher": 0,
+                                                             "pod": 0}
 
 
 def test_deleting_a_job_removes_every_object_the_operator_created(

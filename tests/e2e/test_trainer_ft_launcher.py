@@ -259,3 +259,55 @@ def test_a_fatal_error_stops_ft_launcher_at_once_with_the_no_restart_code(tmp_pa
     message = json.loads(message_file.read_text())
     assert message["outcome"] == "Failed" and message["exitCode"] == 94
     assert message["reason"] == "ConfigurationError" and "data.path" in message["message"]
+
+
+def test_sigterm_commits_the_current_step_and_the_next_run_resumes_from_it(
+    tmp_path: Path, fault_free: dict[int, float]
+) -> None:
+    """What the harness kubelet does to a pod that is deleted (a suspend, a preemption, a
+    drain): SIGTERM to the launcher's process group (rank monitors included). The launcher shim
+    asks the workers to stop; they agree on a step, commit its checkpoint and exit 0 within the
+    launcher's --term-timeout (40 s here: room for a loaded machine). The next run resumes from
+    exactly that step, and it is a resume, not a restart."""
+    message_file = tmp_path / "termination-log"
+    env = {"RTJ_TERMINATION_MESSAGE_PATH": str(message_file),
+           "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "30", "RTJ_TERM_TIMEOUT_SECONDS": "40"}
+    proc = _start(tmp_path, extra_env=env)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            losses = (tmp_path / "losses.jsonl")
+            if losses.exists() and len(losses.read_text().splitlines()) >= 8:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, out[-6000:]
+    message = json.loads(message_file.read_text())
+    stopped_at = _losses(tmp_path)[-1]["step"]
+    assert 8 <= stopped_at < STEPS
+    assert message["outcome"] == "Stopped" and message["reason"] == "CheckpointedBeforeStop"
+    assert message["step"] == message["committedStep"] == stopped_at, message
+    assert f"stopped after step {stopped_at}: checkpoint of step {stopped_at} committed" in out
+    assert "every rank was asked to stop" in out
+    commits = [json.loads(line)["step"]
+               for line in (tmp_path / "commits.jsonl").read_text().splitlines()]
+    assert commits[-1] == stopped_at
+
+    message_file.unlink()
+    out = _run(tmp_path, extra_env=env)
+    assert f"resumed from step-{stopped_at:09d}" in out
+    losses = _losses(tmp_path)
+    second = [e for e in losses if e["attempt"] != losses[0]["attempt"]]
+    assert second[0]["step"] == stopped_at + 1  # no step lost, none recomputed
+    assert [e["step"] for e in losses] == list(range(1, STEPS + 1))
+    _assert_same_losses(losses, fault_free)
+    summary = _summary(out)
+    assert summary["restarts"] == {"inprocess": 0, "launcher": 0, "pod": 0}  # a resume
+    assert json.loads(message_file.read_text())["outcome"] == "Succeeded"

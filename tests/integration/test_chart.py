@@ -35,6 +35,8 @@ GROUP = "training.resilient.dev"
 NOWHERE = ["--set-string", "nodeSelector.rtj-test/never-schedule=true"]
 
 Manifest = dict[str, Any]
+MONITORING_ON = "metrics.prometheusRule.enabled=true,metrics.grafanaDashboard.enabled=true"
+MONITORING_CRDS = REPO / "tests" / "integration" / "fixtures" / "monitoring-crds.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +108,8 @@ def rules_of(role: Manifest) -> list[tuple[str, str, frozenset[str]]]:
 
 
 def test_helm_lint_passes_with_default_and_with_every_optional_part_on(helm_binary: Path) -> None:
-    for extra in ([], ["--set", "rbac.clusterScoped=false,metrics.serviceMonitor.enabled=true"]):
+    for extra in ([], ["--set", "rbac.clusterScoped=false,metrics.serviceMonitor.enabled=true,"
+                       f"{MONITORING_ON}"]):
         out = run([str(helm_binary), "lint", "--strict", str(CHART), *extra])
         assert out.returncode == 0, out.stdout + out.stderr
         assert "0 chart(s) failed" in out.stdout
@@ -216,6 +219,51 @@ def test_service_monitor_is_off_by_default_and_selects_the_metrics_service_when_
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= service["metadata"]["labels"].items()
+
+
+def test_alerts_and_dashboard_are_off_by_default_and_rendered_when_on(helm_binary: Path) -> None:
+    kinds = by_kind(render(helm_binary))
+    assert "PrometheusRule" not in kinds and "ConfigMap" not in kinds
+    kinds = by_kind(render(helm_binary, "--set", MONITORING_ON))
+    (rule,) = kinds["PrometheusRule"]
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert alerts == {"RTJCheckpointStale", "RTJRestartStorm", "RTJJobStuckRecovering",
+                      "RTJJobStuckPending"}
+    (dashboard,) = kinds["ConfigMap"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    panels = json.loads(dashboard["data"]["rtj-operator.json"])["panels"]
+    assert len(panels) >= 8
+
+
+def test_monitoring_objects_are_accepted_by_the_api_server_with_their_crds(
+    cluster: Cluster, helm_binary: Path
+) -> None:
+    """The ServiceMonitor and PrometheusRule as rendered, checked by the real API server against
+    the monitoring.coreos.com CRDs (tests/integration/fixtures), strictly (no unknown field)."""
+    cluster.kubectl("apply", "--server-side", "-f", str(MONITORING_CRDS))
+    for crd in ("servicemonitors", "prometheusrules"):
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                        f"crd/{crd}.monitoring.coreos.com")
+    namespace = cluster.create_namespace("monitoring")
+    try:
+        manifests = render(helm_binary, "--set", f"metrics.serviceMonitor.enabled=true,"
+                           f"{MONITORING_ON}", namespace=namespace)
+        wanted = [m for m in manifests
+                  if m["kind"] in ("ServiceMonitor", "PrometheusRule", "ConfigMap")]
+        assert sorted(m["kind"] for m in wanted) == ["ConfigMap", "PrometheusRule",
+                                                     "ServiceMonitor"]
+        body = "\n---\n".join(yaml.safe_dump(m) for m in wanted)
+        out = cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-n", namespace,
+                              "-f", "-", input=body, check=False)
+        assert out.returncode == 0, out.stdout + out.stderr
+        # And a rule the schema refuses is refused (the CRDs are not a rubber stamp).
+        (rule,) = [m for m in wanted if m["kind"] == "PrometheusRule"]
+        rule["spec"]["groups"][0]["rules"][0]["for"] = "ten minutes"
+        bad = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-",
+                              input=yaml.safe_dump(rule), check=False)
+        assert bad.returncode != 0 and "for" in bad.stderr, bad.stdout + bad.stderr
+    finally:
+        cluster.delete_namespace(namespace)
 
 
 @pytest.mark.parametrize(

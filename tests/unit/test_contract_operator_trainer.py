@@ -135,6 +135,9 @@ def test_the_operator_reads_every_termination_message_the_trainer_writes() -> No
                                   message="training reached step 80", exit_code=0),
         writer.TerminationMessage(outcome=writer.FAILED, reason="WorldSizeChanged",
                                   message="x" * 9000, exit_code=94),
+        writer.TerminationMessage(outcome=writer.STOPPED, step=37, committed_step=37,
+                                  committed_time=1764417601.5, reason="CheckpointedBeforeStop",
+                                  message="checkpointed step 37 before stopping", exit_code=0),
     ):
         outcome, problem = reader.parse(message.encode().decode())
         assert problem is None and outcome is not None
@@ -143,6 +146,7 @@ def test_the_operator_reads_every_termination_message_the_trainer_writes() -> No
         assert outcome.committed_time == message.committed_time
         assert outcome.reason == message.reason and outcome.exit_code == message.exit_code
         assert message.message.startswith(outcome.message.removesuffix("..."))
+        assert outcome.stopped == (message.outcome == writer.STOPPED)
 
 
 def test_the_path_and_the_fatal_exit_code_agree_on_both_sides() -> None:

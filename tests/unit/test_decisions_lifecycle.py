@@ -14,6 +14,7 @@ from rtj_operator.api.status import Reason
 from rtj_operator.intents import CreateObject, DeleteJob, DeletePod, SetClaimOwner
 from rtj_operator.observed import ClaimView
 from rtj_operator.podplan import plan_for
+from rtj_operator.termination import TrainerOutcome
 from unit.decisions_builders import (
     SETTINGS,
     T0,
@@ -203,6 +204,51 @@ def test_suspend_deletes_the_pods_and_keeps_services_and_claim() -> None:
     three = then(two, suspended, world(), now=T0 + timedelta(seconds=70))
     assert three.actions == []
     assert three.events == []  # events were part of actions
+
+
+def stopped_at(step: int) -> TrainerOutcome:
+    return TrainerOutcome(outcome="Stopped", step=step, committed_step=step,
+                          committed_time=1796086800.0, reason="CheckpointedBeforeStop",
+                          message=f"checkpointed step {step} before stopping", exit_code=0)
+
+
+def test_suspend_gives_the_trainers_their_grace_period_to_checkpoint() -> None:
+    one = running(job())
+    two = then(one, job(suspend=True), running_world(), now=T0 + timedelta(seconds=60))
+    assert {a.grace_seconds for a in two.of_type(DeletePod)} == {None}  # the pod's own
+
+
+def test_a_checkpoint_committed_before_the_suspend_is_recorded_once() -> None:
+    one = running(job())
+    suspended = job(suspend=True)
+    two = then(one, suspended, running_world(), now=T0 + timedelta(seconds=60))
+    # The kubelet reported the containers' end; the pods are still Terminating.
+    ended = world(
+        trainer(0, "Succeeded", exit_code=0, deleting=True, outcome=stopped_at(37)),
+        trainer(1, "Succeeded", exit_code=0, deleting=True, outcome=stopped_at(37)),
+        rdzv=rendezvous(deleting=True),
+    )
+    three = then(two, suspended, ended, now=T0 + timedelta(seconds=65))
+    assert three.status["lastCheckpoint"]["step"] == 37
+    assert three.status["state"] == "Suspended"
+    assert "checkpointed step 37 before stopping" in condition(three, "Suspended")["message"]
+    assert [e.message for e in three.events if e.reason == "CheckpointedBeforeSuspend"] == [
+        "Checkpointed at step 37 before the suspend"]
+    four = then(three, suspended, ended, now=T0 + timedelta(seconds=68))
+    assert "CheckpointedBeforeSuspend" not in events(four)  # once
+    five = then(four, suspended, world(), now=T0 + timedelta(seconds=70))  # pods gone
+    assert five.status["lastCheckpoint"]["step"] == 37
+
+
+def test_pods_that_stopped_on_purpose_do_not_make_the_job_succeed() -> None:
+    one = running(job())
+    stopped = world(
+        trainer(0, "Succeeded", exit_code=0, outcome=stopped_at(12)),
+        trainer(1, "Succeeded", exit_code=0, outcome=stopped_at(12)),
+        rdzv=rendezvous(),
+    )
+    two = then(one, job(), stopped, now=T0 + timedelta(seconds=60))
+    assert two.status["state"] != "Succeeded"
 
 
 def test_resume_recreates_every_pod_with_the_next_attempt() -> None:

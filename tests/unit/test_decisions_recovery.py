@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from rtj_operator.api.status import IncidentCause, Reason
+from rtj_operator.decisions.recovery import RECOVERY_GRACE_SECONDS
 from rtj_operator.intents import CreateObject, DeletePod
 from unit.decisions_builders import (
     T0,
@@ -34,7 +35,9 @@ def test_a_failed_pod_is_replaced_alone() -> None:
     now = T0 + timedelta(seconds=60)
     failed = world(trainer(0), trainer(1, "Failed", exit_code=1), rdzv=rendezvous())
     two = then(one, j, failed, now=now, liveness=beats(now, pods=failed))
-    assert two.of_type(DeletePod) == [DeletePod("tiny-1", "uid-1-0")]
+    # A short grace: the trainers' checkpoint-then-stop on SIGTERM cannot help a broken job.
+    assert two.of_type(DeletePod) == [
+        DeletePod("tiny-1", "uid-1-0", grace_seconds=RECOVERY_GRACE_SECONDS)]
     assert created(two) == []
     incident = two.status["incidents"][-1]
     assert incident["cause"] == IncidentCause.POD_FAILED and incident["action"] == "RankRestart"

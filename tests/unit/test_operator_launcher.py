@@ -59,7 +59,7 @@ def test_ft_launcher_argv_for_a_p5_job() -> None:
         # The pod's own 5 plus the job's rank-restart budget (default 10): every launcher
         # spends a restart on each RankRestart of another pod too.
         "--max-restarts=15",
-        "--term-timeout=25",
+        "--term-timeout=108",
         "--workers-stop-timeout=5",
         "--monitor-interval=0.3",
         "--ft-initial-rank-heartbeat-timeout=900",

@@ -61,7 +61,7 @@ def test_the_plan_of_a_p5_job_has_one_rank_per_gpu_and_every_device() -> None:
     plan = plan_for(models.parse_job(job()), OperatorSettings())
     assert plan.procs_per_node == plan.resources.procs_per_node == 8
     assert (plan.gpus, plan.efa_devices) == (8, 32)
-    assert (plan.termination_grace_period_seconds, plan.term_timeout_seconds) == (30, 25)
+    assert (plan.termination_grace_period_seconds, plan.term_timeout_seconds) == (120, 108)
     assert plan.rendezvous_id == "1234"
     assert plan.rendezvous_endpoint == "demo-rdzv:29400"
 

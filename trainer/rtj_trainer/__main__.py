@@ -22,10 +22,15 @@ import json
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from . import termination
 from .config import PRESETS, build_config, launch_environment
 from .errors import FATAL_EXIT_CODE, FatalError
+from .stop import PEER_STOPPED_EXIT_CODE, STOP
+
+if TYPE_CHECKING:
+    from .train import Finished
 
 log = logging.getLogger("rtj_trainer")
 
@@ -92,6 +97,30 @@ def fatal(exc: FatalError) -> int:
     return FATAL_EXIT_CODE
 
 
+def stopped(finished: Finished) -> int:
+    """The step loop stopped after committing a checkpoint (rtj_trainer.stop). A worker that was
+    asked to stop exits 0 and (local rank 0) says so in the termination message; one that
+    stopped because a peer was asked exits PEER_STOPPED_EXIT_CODE, so that its launcher, which
+    was not asked to stop, restarts it."""
+    asked = STOP.requested
+    if asked:
+        report_termination(termination.TerminationMessage(
+            outcome=termination.STOPPED, step=finished.step,
+            committed_step=finished.committed_step, committed_time=finished.committed_time,
+            reason="CheckpointedBeforeStop",
+            message=(f"checkpointed step {finished.committed_step} before stopping (asked by "
+                     f"ft_launcher after the pod's SIGTERM"
+                     f"{', as was every rank' if finished.everyone_stopped else ''})"),
+            exit_code=0,
+        ))
+    log.info("stopped at step %d (checkpoint of step %s committed): %s", finished.step,
+             finished.committed_step,
+             "asked to stop" if asked else f"a peer was asked to stop; exiting "
+             f"{PEER_STOPPED_EXIT_CODE} so that ft_launcher restarts this worker",
+             extra={"rank": launch_environment().rank})
+    return 0 if asked else PEER_STOPPED_EXIT_CODE
+
+
 def main(argv: list[str] | None = None) -> int:
     from . import timeline
 
@@ -137,6 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         resiliency.close()
         metrics.close()
+    if finished.stopped:
+        code = stopped(finished)
+        # Everything is closed and the checkpoint is committed. The rank monitor was signalled
+        # with the launcher and is gone; the interpreter's own shutdown then can take seconds
+        # of the grace period and crash (SIGSEGV after "deallocated BytesIO object has exported
+        # buffers", seen under ft_launcher), which the launcher would count as a failed worker.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     report_termination(termination.TerminationMessage(
         outcome=termination.SUCCEEDED, step=finished.step,
         committed_step=finished.committed_step, committed_time=finished.committed_time,

@@ -146,6 +146,9 @@ class CheckpointConfig(_Section):
             return tuple(item.strip() for item in value.split(",") if item.strip())
         return value
 
+    stop_check_every_steps: int = Field(default=1, ge=1)
+    """How often (in steps) the ranks agree whether one of them got SIGTERM (one all-reduce of
+    two integers); a stop saves the step of the first check after the signal (rtj_trainer.stop)."""
     test_write_delay_seconds: float = Field(default=0.0, ge=0)
     """Testing knob: the writer sleeps this long before writing, to widen the mid-save window."""
 

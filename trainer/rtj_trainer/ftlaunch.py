@@ -20,17 +20,31 @@ spare took over a lost pod inside the running processes, the lost pod's launcher
 there, so every surviving pod would stay Running five minutes after the job finished. The barrier
 only keeps a store-hosting launcher alive for the others; our store lives in the rendezvous pod
 (nvrx-control), so a short wait loses nothing.
+
+**Checkpoint now, then stop, when the pod is ended** (always on). On SIGTERM (the kubelet ending
+the pod: a suspend, preemption, deletion or drain) ft_launcher stops its workers with the same
+signal and SIGKILLs them after `--term-timeout`. The shim sends them
+`rtj_trainer.stop.STOP_SIGNAL` (SIGUSR2) instead, to each worker process only (not its process
+group: the worker's checkpoint writer must outlive the signal), and waits up to `--term-timeout`
+for them to commit a checkpoint of their current step and exit (rtj_trainer.stop); whatever is
+left then gets ft_launcher's own SIGTERM and SIGKILL. Stopping workers to restart them after a
+fault is unchanged (SIGTERM: they die at once).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import termination
+from .stop import PEER_STOPPED_EXIT_CODE, STOP_SIGNAL
 
 STOP_REASON = "trainer_non_retryable_exit"
 """What the rendezvous store records as the reason the job must not be restarted."""
@@ -70,11 +84,13 @@ def split_argv(argv: Sequence[str]) -> tuple[ShimOptions, list[str]]:
 
 
 def non_retryable_failures(failures: Any, codes: frozenset[int]) -> list[tuple[int, int]]:
-    """(global rank, exit code) of the failed workers whose code is in `codes`."""
+    """(global rank, exit code) of the failed workers whose code is in `codes`. A worker that
+    checkpointed and stopped because a peer was asked to stop (`PEER_STOPPED_EXIT_CODE`) is
+    never one: it must be restarted, whatever the job lists."""
     found = []
     for rank, failure in sorted((failures or {}).items()):
         code = getattr(failure, "exitcode", None)
-        if isinstance(code, int) and code in codes:
+        if isinstance(code, int) and code in codes and code != PEER_STOPPED_EXIT_CODE:
             found.append((int(rank), code))
     return found
 
@@ -127,14 +143,53 @@ def reset_aborted_rank_monitors() -> None:
     server._handle_update_config_msg = _handle_update_config_msg  # type: ignore[method-assign]
 
 
+def ask_workers_to_stop(pcontext: Any, timeout: float) -> float:
+    """Send STOP_SIGNAL to every live worker process (not its group) and wait up to `timeout`
+    seconds for all of them to exit; returns the seconds left."""
+    handlers = getattr(pcontext, "subprocess_handlers", None)
+    if not handlers:
+        return timeout
+    began = time.monotonic()
+    live = [h.proc for h in handlers.values() if h.proc.poll() is None]
+    log.warning("asked to stop: %s to %d workers (checkpoint, then stop), at most %.0f s",
+                signal.Signals(STOP_SIGNAL).name, len(live), timeout)
+    for proc in live:
+        try:
+            os.kill(proc.pid, STOP_SIGNAL)
+        except ProcessLookupError:
+            pass
+    for proc in live:
+        left = timeout - (time.monotonic() - began)
+        if left <= 0:
+            break
+        try:
+            proc.wait(left)
+        except subprocess.TimeoutExpired:  # ft_launcher's own shutdown follows
+            break
+    return max(0.0, timeout - (time.monotonic() - began))
+
+
 def install(options: ShimOptions) -> None:
     """Patch ft_launcher's agent in this process (before `launcher.main()` runs)."""
     from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.multiprocessing.api import SignalException
 
     reset_aborted_rank_monitors()
-    from torch.distributed.elastic.agent.server.api import WorkerState
 
     agent = launcher.LocalElasticAgent
+    original_shutdown = agent._shutdown
+
+    def _shutdown(self: Any, death_sig: signal.Signals = signal.SIGTERM,
+                  timeout: int = 30) -> None:
+        # Called inside ft_launcher's `except SignalException` when the launcher itself got a
+        # signal (the pod is ending); without one when it stops workers to restart them.
+        if isinstance(sys.exception(), SignalException) and self._pcontext is not None:
+            left = ask_workers_to_stop(self._pcontext, float(timeout))
+            timeout = max(1, int(left))
+        original_shutdown(self, death_sig, timeout)
+
+    agent._shutdown = _shutdown  # type: ignore[method-assign]
     if options.exit_barrier_timeout is not None:
         original_init = agent.__init__
         timeout = options.exit_barrier_timeout

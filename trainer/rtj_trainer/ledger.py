@@ -29,6 +29,10 @@ class Ledger:
     pod_attempts: dict[str, int] = field(default_factory=dict)
     launcher_restart_count: int = 0
     inprocess_iteration: int = 0
+    stopped_step: int | None = None
+    """The whole job stopped on purpose (SIGTERM to every rank: a suspend, preemption or
+    deletion) after committing this step (rtj_trainer.stop); the next attempt that resumes from
+    it is a resume, not a restart: no restart and no lost seconds are counted for it."""
 
     @classmethod
     def read(cls, path: Path) -> Ledger | None:
@@ -69,12 +73,18 @@ def advance_ledger(
     launcher_restart_count: int,
     inprocess_iteration: int,
     resumed_step_completed_at: float | None,
+    resumed_step: int | None = None,
 ) -> Ledger:
-    """The ledger for a new attempt: count its restart and the seconds the fault cost."""
+    """The ledger for a new attempt: count its restart and the seconds the fault cost (none
+    when it resumes from the checkpoint the whole job committed before it was stopped)."""
     ledger = Ledger(started_at=now) if previous is None else Ledger(**asdict(previous))
     kind = classify_restart(previous, pod_attempts=pod_attempts,
                             launcher_restart_count=launcher_restart_count,
                             inprocess_iteration=inprocess_iteration)
+    if (previous is not None and previous.stopped_step is not None
+            and resumed_step == previous.stopped_step):
+        kind = None
+    ledger.stopped_step = None
     if kind is not None:
         ledger.restarts[kind] = ledger.restarts.get(kind, 0) + 1
         since = resumed_step_completed_at if resumed_step_completed_at else ledger.started_at

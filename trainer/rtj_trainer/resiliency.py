@@ -50,6 +50,7 @@ from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from .config import Config, ConfigError, LaunchEnvironment, launch_environment
 from .errors import FatalError
+from .stop import STOP
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -82,6 +83,7 @@ class Session:
         resiliency = self._resiliency
         with resiliency._client_lock:
             client = resiliency.client
+            resiliency.leave_rank_monitor_if_stopping()
             if client is not None and client.is_initialized:
                 client.send_heartbeat()
                 resiliency._sent_since_connect = True
@@ -97,6 +99,7 @@ class Session:
         client = resiliency.client
         started = False
         with resiliency._client_lock:
+            resiliency.leave_rank_monitor_if_stopping()
             if client is not None and client.is_initialized:
                 client.start_section(name)
                 started = True
@@ -125,6 +128,7 @@ class Session:
         learn_after = self._resiliency.cfg.resiliency.learn_timeouts_after_steps
         if (
             client is not None
+            and client.is_initialized
             and learn_after
             and steps_this_attempt == learn_after
             and client.calculate_and_set_hb_timeouts(skip_if_not_ready=True)
@@ -184,6 +188,18 @@ class Resiliency:
                     and self._sent_since_connect):
                 with contextlib.suppress(Exception):
                     self.client.shutdown_workload_monitoring()
+
+    def leave_rank_monitor_if_stopping(self) -> None:
+        """Once this worker was asked to stop (rtj_trainer.stop), disconnect from its rank
+        monitor (call with `_client_lock` held) and send it nothing more. The monitor treats the
+        lost connection as a restarting rank and times nothing, so the last save may take
+        longer than a heartbeat timeout; and where the pod's SIGTERM reached the monitors too
+        (they share the launcher's process group in the test harness) they are closing, and a
+        message that fails halfway leaves NVRx 0.7.0's client with a pickled buffer that later
+        crashes the interpreter ("deallocated BytesIO object has exported buffers")."""
+        if STOP.requested and self.client is not None and self.client.is_initialized:
+            with contextlib.suppress(Exception):
+                self.client.shutdown_workload_monitoring()
 
     def resume_rank_monitor(self) -> None:
         """Reconnect after an in-process restart; the monitor applies its initial timeout again."""

@@ -3,7 +3,8 @@
 Kubernetes copies the file at the container's `terminationMessagePath` (the operator sets
 `/dev/termination-log` and passes the path in RTJ_TERMINATION_MESSAGE_PATH) into
 `status.containerStatuses[].state.terminated.message`, at most 4096 bytes. Local rank 0 of each pod
-writes it (atomically: tmp + rename) once, when training ended well or on a `FatalError`; the
+writes it (atomically: tmp + rename) once, when training ended well, stopped on SIGTERM after a
+checkpoint, or on a `FatalError`; the
 launcher shim (rtj_trainer.ftlaunch) writes one when a worker exited with a non-retryable code and
 no worker wrote one. The operator reads it back (rtj_operator.termination, which must agree with
 this module: tests/unit/test_contract_operator_trainer.py).
@@ -11,7 +12,9 @@ this module: tests/unit/test_contract_operator_trainer.py).
 The format, one JSON object (`VERSION` 1; keys the reader does not know are ignored):
 
 - `v`: 1;
-- `outcome`: `Succeeded` (the job reached its last step) or `Failed` (restarting cannot help);
+- `outcome`: `Succeeded` (the job reached its last step), `Failed` (restarting cannot help) or
+  `Stopped` (asked to stop by SIGTERM, it committed a checkpoint of `step` first:
+  rtj_trainer.stop);
 - `step`: the last step the worker completed;
 - `committedStep`, `committedTime`: the newest committed checkpoint (unix seconds), or null;
 - `reason`: a CamelCase word (`Completed`, `ConfigurationError`, `DataMismatch`,
@@ -35,11 +38,12 @@ PATH_ENV = "RTJ_TERMINATION_MESSAGE_PATH"
 """Where the operator tells the trainer to write it (unset: nothing is written)."""
 SUCCEEDED: Final = "Succeeded"
 FAILED: Final = "Failed"
+STOPPED: Final = "Stopped"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TerminationMessage:
-    outcome: Literal["Succeeded", "Failed"]
+    outcome: Literal["Succeeded", "Failed", "Stopped"]
     step: int | None = None
     committed_step: int | None = None
     committed_time: float | None = None

@@ -7,6 +7,9 @@ rtj_trainer.parallel and rtj_trainer.checkpoint; what an attempt holds is the `T
 committed checkpoint (if any), runs to `train.steps`, waits for the final checkpoint to commit and
 returns where it ended (`Finished`: the summary on rank 0, and on every rank the last step and
 the newest committed checkpoint, for the pod's termination message).
+
+A SIGTERM inside the step loop ends it early, on every rank at the same step, after a
+checkpoint of that step is committed (rtj_trainer.stop); `Finished.stopped` says so.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from .config import Config
 from .faults import FaultInjector
 from .metrics import TrainerMetrics
 from .resiliency import Session
+from .stop import STOP, StopAgreement, torch_reduce
 from .trainer import Trainer
 
 
@@ -32,6 +36,10 @@ class Finished:
     step: int
     committed_step: int | None
     committed_time: float | None
+    stopped: bool = False
+    """The loop stopped early, after committing the checkpoint of `step` (rtj_trainer.stop)."""
+    everyone_stopped: bool = False
+    """...and every rank of the job had been asked to stop (not only some pods)."""
 
 
 def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
@@ -42,13 +50,23 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
         metrics.watch(trainer.snapshot)
         injector = FaultInjector(cfg.fault_list, rank=trainer.rank,
                                  marker_dir=Path(cfg.checkpoint.dir) / "faults")
+        agreement = StopAgreement(torch_reduce(trainer.ctx.device),
+                                  check_every=cfg.checkpoint.stop_check_every_steps)
         loop_began = time.perf_counter()
+        STOP.arm()  # from now on a SIGTERM asks for a checkpoint, then a stop
         for step in range(trainer.current_step + 1, cfg.train.steps + 1):
             injector.maybe_fire(step)
             trainer.step(step)
             if trainer.checkpoint_due(step):
                 trainer.save(step)
             trainer.report(step)
+            if step < cfg.train.steps and agreement.should_stop(step, trainer.steps_this_attempt):
+                everyone = trainer.stop(step, agreement)
+                clean = True
+                committed_step, committed_time = trainer.newest_commit()
+                return Finished(summary=None, step=step, committed_step=committed_step,
+                                committed_time=committed_time, stopped=True,
+                                everyone_stopped=everyone)
         loop_seconds = time.perf_counter() - loop_began
         trainer.finish()
         clean = True
@@ -58,6 +76,9 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
             step=trainer.current_step, committed_step=committed_step,
             committed_time=committed_time,
         )
+    except BaseException:
+        STOP.disarm()  # an in-process restart or a dying worker has nothing newer to save
+        raise
     finally:
         metrics.unwatch()
         trainer.close(clean=clean)

@@ -34,6 +34,7 @@ from .errors import DataMismatchError
 from .ledger import LEDGER_FILE, Ledger, advance_ledger
 from .metrics import Snapshot
 from .resiliency import Session
+from .stop import StopAgreement
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ def _reconcile_ledger(
     session: Session,
     pod_attempts: dict[str, int],
     resumed_step_completed_at: float | None,
+    resumed_step: int | None,
     rank: int,
 ) -> Ledger:
     """Rank 0 advances job-state.json for this attempt; every rank gets the same ledger."""
@@ -87,6 +89,7 @@ def _reconcile_ledger(
             launcher_restart_count=session.launch.launcher_restart_count,
             inprocess_iteration=session.iteration,
             resumed_step_completed_at=resumed_step_completed_at,
+            resumed_step=resumed_step,
         )
         ledger.write(path)
         box[0] = ledger
@@ -144,6 +147,8 @@ class Trainer:
         self.last_stall_seconds = 0.0
         self.stall_seconds_total = 0.0
         self.stall_seconds_max = 0.0
+        self.saved_step: int | None = None
+        """The newest step this attempt started a checkpoint of."""
         self._losses: IO[str] | None = None
         self._interruptible = cfg.resiliency.inprocess_restart and ctx.device.type == "cuda"
         """Wait for the GPU at points within a step (in-process restart: parallel.train_step)."""
@@ -187,6 +192,7 @@ class Trainer:
     def resume(self) -> None:
         """Load the newest checkpoint every rank finds valid (if any), then advance the ledger."""
         completed_at = None
+        resumed_step = None
         loaded, self._loaded = self._loaded, None
         if loaded is not None:
             state = loaded.state
@@ -198,13 +204,14 @@ class Trainer:
                 )
             self.load_state_dict(state)
             completed_at = float(state[STEP_COMPLETED_AT])
+            resumed_step = self.current_step
             timeline.mark("state_loaded")
             if self.rank == 0:
                 log.info("resumed from %s (step %d)%s%s", loaded.directory.name, self.current_step,
                          " from the node-local copies" if loaded.source == "local" else "",
                          f"; rejected: {list(loaded.rejected)}" if loaded.rejected else "")
         self.ledger = _reconcile_ledger(self.cfg, self.session, self._pod_attempts, completed_at,
-                                        self.rank)
+                                        resumed_step, self.rank)
         self.session.heartbeat()
         if self.rank == 0:
             self._losses = open(self.cfg.run_dir / LOSSES_FILE, "a")  # noqa: SIM115
@@ -248,6 +255,7 @@ class Trainer:
             state = self.state_dict()
             self.checkpointer.save(step, state)
             del state
+        self.saved_step = step
         stall = time.perf_counter() - began  # state_dict + staging (+ sync write)
         self.last_stall_seconds = stall
         self.stall_seconds_total += stall
@@ -270,6 +278,31 @@ class Trainer:
             self.checkpointer.wait_until_committed()
         dist.barrier()
         self.checkpointer.discard_local_copies()
+
+    def stop(self, step: int, agreement: StopAgreement) -> bool:
+        """Every rank agreed to stop after `step` (rtj_trainer.stop): save it unless it is saved
+        already, wait until rank 0 committed it, and tell whether every rank was asked to stop
+        (then rank 0 records the stop in the ledger: the next attempt is a resume, not a
+        restart). Returns that verdict, the same on every rank."""
+        began = time.perf_counter()
+        if self.saved_step != step and self.cfg.checkpoint.interval_steps:
+            self.save(step)
+        self._close_losses()
+        with self.session.section("checkpoint"):
+            self.checkpointer.wait_until_committed()
+        everyone = agreement.verdict().everyone
+        committed = self.checkpointer.stats.committed_step
+        if self.rank == 0:
+            if everyone and committed == step:
+                ledger = self._ledger()
+                ledger.stopped_step = step
+                ledger.write(self.cfg.run_dir / LEDGER_FILE)
+            log.info("stopped after step %d: checkpoint of step %s committed in %.3f s (%s)",
+                     step, committed, time.perf_counter() - began,
+                     "every rank was asked to stop" if everyone
+                     else "some ranks were asked to stop; the others will restart")
+        dist.barrier()
+        return everyone
 
     def summary(self, loop_seconds: float) -> dict[str, Any]:
         """The summary JSON of a finished job (rank 0 prints it)."""

@@ -35,7 +35,7 @@ export PYTHONUNBUFFERED=1
 # the rendezvous (standalone here) and the numbers given below differ.
 GPUS=${RTJ_GPUS:-$( (command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -c '^GPU') || echo 0)}
 mapfile -t FT_FLAGS < <("$BIN/python" -m rtj_operator.ftflags \
-  --max-restarts="${RTJ_MAX_RESTARTS:-3}" --term-timeout=10 \
+  --max-restarts="${RTJ_MAX_RESTARTS:-3}" --term-timeout="${RTJ_TERM_TIMEOUT_SECONDS:-10}" \
   --initial-heartbeat-timeout="${RTJ_INITIAL_HEARTBEAT_TIMEOUT_SECONDS:-60}" \
   --heartbeat-timeout="$RTJ_HEARTBEAT_TIMEOUT_SECONDS" --gpus="$GPUS")
 [[ ${#FT_FLAGS[@]} -gt 0 ]] || { echo "[train-local] python -m rtj_operator.ftflags failed" >&2; exit 2; }

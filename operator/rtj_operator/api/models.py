@@ -575,7 +575,8 @@ class FaultTolerance(ApiModel):
             "restarts and reports the code in the pod's termination message) and against the "
             "trainer container's own exit code (ft_launcher's: 1, or 128+N for signal N). 93 "
             "(ft_launcher's 'do not restart') and the trainer's fatal-error code 94 always "
-            "fail the job."
+            "fail the job. A worker's 95 (it committed a checkpoint and stopped because another "
+            "pod was being ended) is never matched: it is restarted."
         ),
         max_length=32,
         json_schema_extra={"x-kubernetes-list-type": "set", "default": []},
@@ -801,7 +802,11 @@ class PodTemplate(ApiModel):
     )
     termination_grace_period_seconds: int | None = Field(
         default=None,
-        description="Seconds a trainer gets between SIGTERM and SIGKILL.",
+        description=(
+            "Seconds a trainer gets between SIGTERM and SIGKILL (default 120). On SIGTERM the "
+            "trainers commit a checkpoint of their current step before they exit; size it for "
+            "one or two saves of a rank's shard."
+        ),
         ge=0,
         le=86400,
     )

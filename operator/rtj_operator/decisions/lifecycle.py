@@ -84,7 +84,28 @@ def ensure_services_and_claim(p: _Pass) -> None:
 # --- rule 3: suspend ----------------------------------------------------------------------------
 
 
+def _stop_checkpoint(p: _Pass) -> LastCheckpoint | None:
+    """The checkpoint the trainers committed when they were asked to stop (their termination
+    messages say `Stopped`, rtj_trainer.stop): the newest one any pod reports."""
+    said = [pod.outcome for pod in p.observed.trainer_pods.values()
+            if pod.outcome is not None and pod.outcome.stopped
+            and pod.outcome.committed_step is not None]
+    if not said:
+        return None
+    newest = max(said, key=lambda o: o.committed_step or 0)
+    assert newest.committed_step is not None
+    return LastCheckpoint(
+        step=newest.committed_step,
+        time=(whole_second(from_unix(newest.committed_time))
+              if newest.committed_time is not None else None),
+    )
+
+
 def suspended(p: _Pass) -> Decision:
+    """Delete every pod with its own grace period: the trainers commit a checkpoint of the step
+    they are at before they exit (rtj_trainer.stop); a pod that said so in its termination
+    message moves status.lastCheckpoint to that step, with a `CheckpointedBeforeSuspend`
+    Event."""
     pods = [*p.observed.trainer_pods.values()]
     if p.observed.rendezvous_pod is not None:
         pods.append(p.observed.rendezvous_pod)
@@ -100,14 +121,28 @@ def suspended(p: _Pass) -> Decision:
                else "deleting the pods; the checkpoints are kept")
     if p.prev.state != JobState.SUSPENDED:
         p.event("Normal", "Suspended", f"Suspended: {message}")
+    stop = _stop_checkpoint(p)
+    known = p.prev.last_checkpoint
+    if stop is not None and (known is None or stop.step >= known.step):
+        said = f"the trainers checkpointed step {stop.step} before stopping"
+        before = next((c.message for c in p.prev.conditions
+                       if c.type == ConditionType.SUSPENDED), "")
+        if said not in before:
+            p.event("Normal", "CheckpointedBeforeSuspend",
+                    f"Checkpointed at step {stop.step} before the suspend")
+        message = f"{message}; {said}"
     written = status.build(
         p, state=JobState.SUSPENDED, reason=Reason.SUSPENDED,
         message=f"The job is suspended: {message}",
         conditions={ConditionType.SUSPENDED: True}, start_time=None, ready_nodes=0,
     )
+    update: dict[str, Any] = {"start_time": None}
+    if stop is not None and (written.last_checkpoint is None
+                             or stop.step >= written.last_checkpoint.step):
+        update["last_checkpoint"] = stop
     # Like a Job, the deadline clock stops while suspended: startTime is set again on resume.
     # Set to None on purpose, so the status patch removes it from the object.
-    return status.decision(p, written.model_copy(update={"start_time": None}))
+    return status.decision(p, written.model_copy(update=update))
 
 
 # --- rules 4 and 5: deadline and exit codes that must not be retried ----------------------------
@@ -188,7 +223,9 @@ def final_progress(p: _Pass, written: ResilientTrainingJobStatus) -> ResilientTr
 def completion(p: _Pass, start_time: datetime) -> Decision | None:
     """Succeeded when every trainer pod exited 0; no restarts once one has."""
     pods = p.observed.trainer_pods
-    succeeded = [i for i, pod in pods.items() if pod.phase == "Succeeded"]
+    # A trainer that was asked to stop and checkpointed first also exits 0: not a success.
+    succeeded = [i for i, pod in pods.items() if pod.phase == "Succeeded"
+                 and not (pod.outcome is not None and pod.outcome.stopped)]
     if not succeeded:
         return None
     # A replacement still waiting for a launcher round never ran a worker: it cannot finish.

@@ -26,6 +26,13 @@ from rtj_operator.api.status import (
 from rtj_operator.decisions import status
 from rtj_operator.decisions.state import Decision, DetectedFault, _Pass
 
+RECOVERY_GRACE_SECONDS = 3
+"""The grace period of a pod deleted to recover from a fault. On SIGTERM the trainers commit a
+checkpoint of their current step before they exit (rtj_trainer.stop), for as long as the pod's
+terminationGracePeriodSeconds allows; a job that needs recovering cannot (a rank is hung, gone or
+failed, and every rank must join the save), and the job resumes from its newest commit anyway. A
+short grace keeps recovery as quick as when SIGTERM ended the workers at once."""
+
 LOST = (IncidentCause.POD_FAILED, IncidentCause.POD_VANISHED, IncidentCause.POD_DELETED,
         IncidentCause.NODE_LOST)
 """Faults whose processes are gone, which a warm spare can take over."""
@@ -115,7 +122,7 @@ def restart_rank(p: _Pass, fault: DetectedFault) -> None:
     p.event("Warning", RecoveryAction.RANK_RESTART,
             f"Replacing the pod of node {index} ({fault.cause}): {fault.message}")
     if pod is not None:
-        p.delete_pod(pod, f"{fault.cause}: replacing it")
+        p.delete_pod(pod, f"{fault.cause}: replacing it", grace_seconds=RECOVERY_GRACE_SECONDS)
 
 
 def spare_takeover(p: _Pass, fault: DetectedFault, spare: int) -> None:
@@ -148,7 +155,7 @@ def _replace_as_spare(p: _Pass, index: int, why: str) -> None:
     p.waiting.add(index)
     p.rank(index, state=RankState.RESTARTING, restarts=_restarts_of(p, index) + 1)
     if pod is not None:
-        p.delete_pod(pod, why)
+        p.delete_pod(pod, why, grace_seconds=RECOVERY_GRACE_SECONDS)
 
 
 def restart_everything(p: _Pass, fault: DetectedFault, summary: str) -> None:
@@ -164,7 +171,8 @@ def restart_everything(p: _Pass, fault: DetectedFault, summary: str) -> None:
         p.rank(index, state=RankState.RESTARTING, restarts=_restarts_of(p, index) + 1)
         pod = p.observed.trainer_pods.get(index)
         if pod is not None:
-            p.delete_pod(pod, f"full restart ({fault.cause})")
+            p.delete_pod(pod, f"full restart ({fault.cause})",
+                         grace_seconds=RECOVERY_GRACE_SECONDS)
     if p.observed.rendezvous_pod is not None:
         p.delete_pod(p.observed.rendezvous_pod, f"full restart ({fault.cause})")
 

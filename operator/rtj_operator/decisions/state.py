@@ -189,9 +189,10 @@ class _Pass:
             f"Created {manifest['kind']} {manifest['metadata']['name']}: {why}",
         )
 
-    def delete_pod(self, pod: PodView, why: str) -> None:
+    def delete_pod(self, pod: PodView, why: str, *, grace_seconds: int | None = None) -> None:
         """Delete a pod (once: one already deleting is left to finish), or force-delete it when
-        its node is lost, deleting or not: its kubelet would never confirm the delete."""
+        its node is lost, deleting or not: its kubelet would never confirm the delete.
+        `grace_seconds` overrides the pod's grace period (fault recovery)."""
         if any(isinstance(a, DeletePod) and a.uid == pod.uid for a in self.actions):
             return  # already decided in this pass
         node = self.lost.get(pod.uid)
@@ -202,7 +203,7 @@ class _Pass:
             return
         if pod.deleting:
             return
-        self.actions.append(DeletePod(pod.name, pod.uid))
+        self.actions.append(DeletePod(pod.name, pod.uid, grace_seconds=grace_seconds))
         self.event("Normal", "DeletedPod", f"Deleted pod {pod.name}: {why}")
 
     def exclude_node(self, fault: DetectedFault) -> None:

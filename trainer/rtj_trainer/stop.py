@@ -1,0 +1,176 @@
+"""Checkpoint now, then stop: what a worker does when its pod is asked to end (SIGTERM).
+
+Kubernetes ends a pod (the job suspended or preempted, the job or the pod deleted, the node
+drained) by sending SIGTERM to the container and SIGKILL after `terminationGracePeriodSeconds`.
+ft_launcher (the container's main process) then stops its workers and SIGKILLs them after
+`--term-timeout` (the operator sets it below the grace period: rtj_operator.podplan). Through the
+launcher shim (rtj_trainer.ftlaunch) it sends them `STOP_SIGNAL` (SIGUSR2), to the worker process
+only, not its process group (the worker's checkpoint writer must live to write the last save).
+A worker then has that long to save the step it is at. SIGTERM keeps its meaning (die now): it is
+what ft_launcher sends its workers to restart them after a fault, where nothing is worth saving.
+
+**Every rank saves the same step.** The signal reaches ranks at different steps (pods are deleted
+one by one; a node drain signals one pod only), and a checkpoint is a set of per-rank shards of
+one step. So `STOP_SIGNAL` only sets a flag here (`StopSignal`); every `check_every` steps all ranks
+reduce their flags (`StopAgreement.should_stop`: one all-reduce of two integers, MAX and MIN of
+"I was signalled"). The first check that sees any flag set is the step every rank stops at: it
+saves that step (unless it was saved already), waits until rank 0 committed it, and leaves the
+step loop. A second reduce after the commit tells whether every rank was signalled (the whole job
+was stopped: a suspend, preemption or deletion) or only some (a drain or an eviction of some
+pods: the others must be restarted).
+
+**How the worker exits.** A rank that was signalled itself exits 0 and local rank 0 writes the
+termination message with outcome `Stopped` (the step, the committed step); its launcher, already
+shutting down, exits 0 as well. A rank that stopped only because a peer was signalled exits with
+`PEER_STOPPED_EXIT_CODE`: its launcher is not shutting down, and restarts its workers (they
+rejoin the rendezvous with the replaced pod and resume from the checkpoint just committed).
+
+Outside the step loop (building the model, loading a checkpoint, a warm spare waiting inside the
+in-process wrapper) there is nothing newer to save: the handler is installed only while the loop
+runs (`StopSignal.arm`), so the signal elsewhere ends the process at once (its default action).
+
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+STOP_SIGNAL = signal.SIGUSR2
+"""What asks a worker to checkpoint, then stop (its default action, outside the step loop, ends
+the process as SIGTERM would)."""
+PEER_STOPPED_EXIT_CODE = 95
+"""A worker that checkpointed and stopped because another rank was asked to stop (its own pod
+runs on): not 0, so that its ft_launcher restarts it into the next rendezvous round."""
+
+
+class StopSignal:
+    """The process-wide "asked to stop" flag, set by the `STOP_SIGNAL` handler.
+
+    The handler is installed only while `armed` (inside the step loop, `arm`/`disarm`): a worker
+    blocked in C code elsewhere (joining the process group, waiting for a peer) must still die
+    at once on SIGTERM, as it would without a handler, and a Python handler runs only when the
+    main thread gets back to the interpreter."""
+
+    def __init__(self) -> None:
+        self.requested_at: float | None = None
+        self.signal_number: int | None = None
+        self.armed = False
+        self._lock = threading.Lock()
+
+    @property
+    def requested(self) -> bool:
+        return self.requested_at is not None
+
+    def request(self, signum: int = STOP_SIGNAL) -> None:
+        with self._lock:
+            if self.requested_at is None:
+                self.requested_at = time.time()
+                self.signal_number = signum
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        """The signal handler (runs in the main thread, between bytecodes)."""
+        if not self.armed:  # disarmed after the signal arrived: the default action
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.request(signum)
+
+    def arm(self) -> bool:
+        """From now on `STOP_SIGNAL` only sets the flag. Only the main thread can install a signal
+        handler: elsewhere nothing changes and this returns False."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        self.armed = True
+        signal.signal(STOP_SIGNAL, self.handle)
+        return True
+
+    def disarm(self) -> None:
+        """`STOP_SIGNAL` ends the process again (a flag already set stays set)."""
+        if not self.armed or threading.current_thread() is not threading.main_thread():
+            return
+        self.armed = False
+        signal.signal(STOP_SIGNAL, signal.SIG_DFL)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.requested_at = None
+            self.signal_number = None
+
+
+STOP = StopSignal()
+"""This worker's flag (one per process)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the ranks agreed at one check."""
+
+    stop: bool
+    """Some rank was asked to stop: every rank stops at this step."""
+    everyone: bool
+    """Every rank was asked to stop (the whole job is ending), not only some."""
+
+
+Reduce = Callable[[int, int], tuple[int, int]]
+"""(any, all) -> (MAX of `any` over the ranks, MIN of `all` over the ranks): one collective."""
+
+
+class StopAgreement:
+    """Decides, identically on every rank, the step at which the job stops.
+
+    `should_stop(step)` runs the collective on every `check_every`-th step of the attempt (and
+    only then: every rank calls it with the same steps, so every rank joins the same
+    collectives), and returns True on all ranks at the first check after any rank was asked to
+    stop. It never returns True on one rank and False on another."""
+
+    def __init__(self, reduce: Reduce, *, check_every: int = 1,
+                 flag: Callable[[], bool] = lambda: STOP.requested) -> None:
+        if check_every < 1:
+            raise ValueError(f"check_every is {check_every}, not a positive number of steps")
+        self._reduce = reduce
+        self._flag = flag
+        self.check_every = check_every
+        self.checks = 0
+        self.stopped_at: int | None = None
+
+    def verdict(self) -> Verdict:
+        """Run the collective now (every rank must call it at the same point)."""
+        mine = 1 if self._flag() else 0
+        any_rank, all_ranks = self._reduce(mine, mine)
+        self.checks += 1
+        return Verdict(stop=any_rank > 0, everyone=all_ranks > 0)
+
+    def should_stop(self, step: int, steps_this_attempt: int) -> bool:
+        """After `step` (the `steps_this_attempt`-th step of this attempt) completed."""
+        if steps_this_attempt % self.check_every != 0:
+            return False
+        if self.verdict().stop:
+            self.stopped_at = step
+            return True
+        return False
+
+
+def torch_reduce(device: torch.device) -> Reduce:
+    """The collective over the default process group: one all-reduce of [any, -all] with MAX."""
+    import torch
+    import torch.distributed as dist
+
+    where = device if device.type == "cuda" else torch.device("cpu")
+
+    def reduce(any_flag: int, all_flag: int) -> tuple[int, int]:
+        values = torch.tensor([any_flag, -all_flag], dtype=torch.int32, device=where)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+        found = values.tolist()
+        return int(found[0]), -int(found[1])
+
+    return reduce
