@@ -21,7 +21,7 @@ from pydantic.alias_generators import to_camel
 
 from rtj_operator import actions, decisions, metrics, observe, scraping
 from rtj_operator.api.models import parse_job, parse_status, plain
-from rtj_operator.api.status import ResilientTrainingJobStatus
+from rtj_operator.api.status import ResilientTrainingJobStatus, compact_ranks
 from rtj_operator.config import OperatorSettings
 from rtj_operator.errors import InvalidJobError
 from rtj_operator.intents import PostEvent
@@ -34,6 +34,9 @@ class JobMemo:
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     memory: decisions.Memory = field(default_factory=decisions.Memory)
+    last_status_write: float | None = None
+    """When (monotonic) this operator last wrote the job's status; progress-only changes wait
+    `status_progress_interval_seconds` after it."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ def api_status(status: ResilientTrainingJobStatus) -> dict[str, Any]:
     field the decision set to None on purpose: the merge patch then removes it from the object
     (startTime while suspended). A field the decision left unset keeps its value."""
     data = status.to_api()
+    if "ranks" in data:
+        data["ranks"] = [r.to_api() for r in compact_ranks(status.ranks)]
     for name in status.model_fields_set:
         if getattr(status, name) is None:
             data[to_camel(name)] = None
@@ -58,6 +63,27 @@ def api_status(status: ResilientTrainingJobStatus) -> dict[str, Any]:
 def status_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
     """The merge patch that turns status `current` into `desired` (None removes a field)."""
     return {key: value for key, value in desired.items() if current.get(key) != value}
+
+
+PROGRESS_FIELDS = frozenset({"step", "goodput", "lastCheckpoint", "progressClock"})
+"""Top-level status fields that change as training merely advances."""
+PROGRESS_RANK_FIELDS = frozenset({"lastHeartbeatTime", "step"})
+"""Fields of a ranks[] entry that change as training merely advances."""
+
+
+def _without_progress(status: Mapping[str, Any]) -> dict[str, Any]:
+    kept = {k: v for k, v in status.items() if k not in PROGRESS_FIELDS}
+    ranks = kept.get("ranks")
+    if isinstance(ranks, list):
+        kept["ranks"] = [{k: v for k, v in r.items() if k not in PROGRESS_RANK_FIELDS}
+                         if isinstance(r, Mapping) else r for r in ranks]
+    return kept
+
+
+def only_progress(current: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
+    """Whether applying `patch` to status `current` changes nothing but progress (heartbeat
+    times, steps, goodput, the newest checkpoint, the progress clock)."""
+    return _without_progress({**current, **patch}) == _without_progress(current)
 
 
 def now_utc() -> datetime:
@@ -71,10 +97,13 @@ async def run_pass(
     memo: JobMemo,
     api: kubernetes.client.ApiClient,
     settings: OperatorSettings,
+    scraper: scraping.Scraper,
     node_cache: observe.NodeCache | None = None,
+    children: observe.Children | None = None,
 ) -> PassResult:
-    """Observe the job's children (and their nodes, through the operator-wide `node_cache`) and
-    ranks, decide, apply the actions."""
+    """Observe the job's children (from the operator's watch caches, `children`; listed from
+    the API server when None) and their nodes (the operator-wide `node_cache`) and ranks,
+    decide, apply the actions."""
     started = time.monotonic()
     raw = plain(body)
     current_status = raw.get("status") or {}
@@ -97,13 +126,12 @@ async def run_pass(
     plan = plan_for(job, settings)
     observed = await observe.observe(
         api, namespace=namespace, job_name=job.name, job_uid=job.metadata.uid or "",
-        timeout=settings.api_request_timeout_seconds, node_cache=node_cache,
+        timeout=settings.api_request_timeout_seconds, node_cache=node_cache, children=children,
     )
-    liveness = await scraping.scrape(
+    liveness = await scraper.scrape(
         observed.trainer_pods.values(),
         base_port=settings.trainer_metrics_port,
         procs=plan.procs_per_node,
-        timeout_seconds=settings.scrape_timeout_seconds,
     )
     decision = decisions.decide(
         job=job, plan=plan, observed=observed, liveness=liveness, now=now_utc(),
@@ -120,7 +148,11 @@ async def run_pass(
             metrics.RESTARTS.labels(action=incident.action).inc()
     metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
     metrics.record_job_state(f"{namespace}/{job.name}", decision.status.state)
-    return PassResult(
-        status_patch=status_patch(current_status, api_status(decision.status)),
-        events=decision.events,
-    )
+    patch = status_patch(current_status, api_status(decision.status))
+    now = time.monotonic()
+    if patch and only_progress(current_status, patch) and memo.last_status_write is not None \
+            and now - memo.last_status_write < settings.status_progress_interval_seconds:
+        patch = {}  # training merely advanced: written with the next change or later
+    if patch:
+        memo.last_status_write = now
+    return PassResult(status_patch=patch, events=decision.events)

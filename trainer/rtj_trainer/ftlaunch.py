@@ -20,17 +20,23 @@ spare took over a lost pod inside the running processes, the lost pod's launcher
 there, so every surviving pod would stay Running five minutes after the job finished. The barrier
 only keeps a store-hosting launcher alive for the others; our store lives in the rendezvous pod
 (nvrx-control), so a short wait loses nothing.
+
+**The pod's liveness endpoint.** The shim also serves `GET /ranks` on
+RTJ_METRICS_HOST:(RTJ_METRICS_PORT - 1): every local rank's heartbeat, step and counters in one
+small JSON document (rtj_trainer.podmetrics), so the operator reads one endpoint per pod, not
+one per rank.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import termination
+from . import podmetrics, termination
 
 STOP_REASON = "trainer_non_retryable_exit"
 """What the rendezvous store records as the reason the job must not be restarted."""
@@ -140,6 +146,7 @@ def install(options: ShimOptions) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options, rest = split_argv(sys.argv[1:] if argv is None else argv)
+    podmetrics.start_from_environment(os.environ, rest)
     install(options)
     from nvidia_resiliency_ext.fault_tolerance import launcher
 

@@ -18,6 +18,11 @@ heartbeat timeouts (their launchers wait for it in the rendezvous), and that dea
 wait (`_starting_peer`). The job-wide progress timeout (`_clock_start`) still needs every active
 pod and the rendezvous pod Running: the slowest step means nothing while a pod is missing.
 
+A hang is declared only on evidence: the pod's liveness was read in this pass and its ranks'
+heartbeat is stale (or none of them ever sent one). A pod that could not be read is never hung;
+when one stays unreadable for longer than heartbeatTimeoutSeconds the job gets the
+`ObservationDegraded` condition instead (`degraded_observation`).
+
 The whole hang policy lives here, including how one pod's ranks add up (`oldest_heartbeat`,
 `completed_step`: only a pod whose every local rank answered counts); `observed.py` holds only what
 was scraped. What the operator does about a fault is `recovery.py`.
@@ -199,6 +204,25 @@ def observe_ranks(p: _Pass) -> None:
         beat = p.ranks[index].last_heartbeat_time
         if clock is not None and beat is not None and beat >= clock and _fresh(p, beat):
             p.rank(index, state=RankState.RUNNING)
+        pod = p.observed.trainer_pods.get(index)
+        if clock is not None and pod is not None and _node_liveness(p, index) is None:
+            p.unobserved_since[pod.uid] = p.memory.unobserved_since.get(pod.uid, p.now)
+
+
+def degraded_observation(p: _Pass) -> str | None:
+    """Why observation is degraded: running pods whose liveness could not be read for longer
+    than heartbeatTimeoutSeconds (their heartbeats are unknown, so no hang is declared for them);
+    None when every pod could be read recently."""
+    limit = timedelta(seconds=p.spec.fault_tolerance.heartbeat_timeout_seconds)
+    names = {pod.uid: pod.name for pod in p.observed.trainer_pods.values()}
+    silent = sorted(names[uid] for uid, since in p.unobserved_since.items()
+                    if p.now - since >= limit and uid in names)
+    if not silent:
+        return None
+    shown = ", ".join(silent[:5]) + (f" and {len(silent) - 5} more" if len(silent) > 5 else "")
+    return (f"the liveness of {len(silent)} running pod(s) could not be read for over "
+            f"heartbeatTimeoutSeconds={p.spec.fault_tolerance.heartbeat_timeout_seconds} s: "
+            f"{shown}; a pod is declared hung only on its own stale heartbeat")
 
 
 def _fresh(p: _Pass, beat: datetime) -> bool:
@@ -312,6 +336,8 @@ def _liveness_faults(p: _Pass) -> list[DetectedFault]:
         clock = _pod_clock(p, index)
         if clock is None or (starting is not None and starting != index):
             continue
+        if _node_liveness(p, index) is None:
+            continue  # not observed in this pass: no evidence either way (ObservationDegraded)
         beat = p.ranks[index].last_heartbeat_time
         evidence = beat if beat is not None and beat >= clock else clock
         if p.now - evidence > hang_after:
