@@ -515,7 +515,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 (hangs if kind_next == "hang" else kills).append(seen - injected)
             kind_next = "kill" if kind_next == "hang" else "hang"
             # Wait for the job to be whole again before the next fault.
-            await wait_running(api, namespace, args.jobs, 120)
+            try:
+                await wait_running(api, namespace, args.jobs, 120)
+            except RuntimeError as error:
+                misses.append(f"not whole again: {error}")
+                break
         await asyncio.sleep(max(0.0, deadline - time.monotonic()))
         new_false_positives()
         await check_degraded()

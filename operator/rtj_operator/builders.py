@@ -190,7 +190,9 @@ have): the scheduler's NodeAffinity score then favours every other node that fit
 def avoiding(affinity: Manifest | None, nodes: Sequence[str]) -> Manifest | None:
     """`affinity` (the podTemplate's, left unchanged) plus a PREFERRED node anti-affinity
     against `nodes`: a pod lands elsewhere unless no other node fits. The term matches the
-    node's name (`matchFields metadata.name`), not a label that may differ from it."""
+    node's name (`matchFields metadata.name`), not a label that may differ from it; the API
+    server allows one value per `metadata.name` requirement, so each node is its own
+    requirement of the one term (ANDed: the term matches a node that is none of them)."""
     if not nodes:
         return affinity
     merged: Manifest = copy.deepcopy(affinity) if affinity else {}
@@ -199,7 +201,8 @@ def avoiding(affinity: Manifest | None, nodes: Sequence[str]) -> Manifest | None
     preferred.append({
         "weight": AVOID_NODES_WEIGHT,
         "preference": {"matchFields": [
-            {"key": "metadata.name", "operator": "NotIn", "values": sorted(set(nodes))}]},
+            {"key": "metadata.name", "operator": "NotIn", "values": [node]}
+            for node in sorted(set(nodes))]},
     })
     node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
     merged["nodeAffinity"] = node_affinity

@@ -24,7 +24,7 @@ from rtj_operator.api.models import parse_job, parse_status, plain
 from rtj_operator.api.status import ResilientTrainingJobStatus, compact_ranks
 from rtj_operator.config import OperatorSettings
 from rtj_operator.errors import InvalidJobError
-from rtj_operator.intents import PostEvent
+from rtj_operator.intents import CreateObject, DeletePod, PostEvent
 from rtj_operator.podplan import plan_for
 
 
@@ -34,6 +34,9 @@ class JobMemo:
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     memory: decisions.Memory = field(default_factory=decisions.Memory)
+    expected: dict[str, float] = field(default_factory=dict)
+    """This operator's own writes the watch cache has not shown yet ("<name>" created,
+    "-<uid>" pod deleted), with when (monotonic) they were made: see `cache_lags`."""
     last_status_write: float | None = None
     """When (monotonic) this operator last wrote the job's status; progress-only changes wait
     `status_progress_interval_seconds` after it."""
@@ -86,6 +89,45 @@ def only_progress(current: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
     return _without_progress({**current, **patch}) == _without_progress(current)
 
 
+EXPECTATION_SECONDS = 120.0
+"""An own write the watch cache still does not show after this long is forgotten (someone else
+changed the object meanwhile); until then a pass lists the children instead of trusting the
+cache."""
+
+
+def _names_and_live_uids(children: observe.Children) -> tuple[set[str], set[str]]:
+    pods, services, claims = children
+    names: set[str] = set()
+    live: set[str] = set()
+    for group in (pods, services, claims):
+        for item in group:
+            meta = item.get("metadata") or {}
+            names.add(meta.get("name", ""))
+            if group is pods and not meta.get("deletionTimestamp"):
+                live.add(meta.get("uid", ""))
+    return names, live
+
+
+def unmet_expectations(expected: Mapping[str, float], children: observe.Children) -> set[str]:
+    """The own writes that `children` does not show yet: a created object missing, a deleted
+    pod still there and not deleting."""
+    names, live = _names_and_live_uids(children)
+    return {key for key in expected
+            if (key[1:] in live if key.startswith("-") else key not in names)}
+
+
+def expectations_after(actions: list[Any], expected: Mapping[str, float],
+                       now: float) -> dict[str, float]:
+    """The expectations once `actions` were applied at `now` (stale ones dropped)."""
+    kept = {k: t for k, t in expected.items() if now - t < EXPECTATION_SECONDS}
+    for action in actions:
+        if isinstance(action, CreateObject):
+            kept[action.manifest["metadata"]["name"]] = now
+        elif isinstance(action, DeletePod):
+            kept["-" + action.uid] = now
+    return kept
+
+
 def now_utc() -> datetime:
     """The clock of a pass, to whole seconds (status times are metav1.Time-like)."""
     return datetime.now(UTC).replace(microsecond=0)
@@ -124,6 +166,12 @@ async def run_pass(
         job = job.model_copy(update={"status": None})
     namespace = job.metadata.namespace or ""
     plan = plan_for(job, settings)
+    if children is not None:
+        unmet = unmet_expectations(memo.expected, children)
+        memo.expected = {k: t for k, t in memo.expected.items()
+                         if k in unmet and started - t < EXPECTATION_SECONDS}
+        if memo.expected:
+            children = None  # the watch cache lags behind our own writes: list this time
     observed = await observe.observe(
         api, namespace=namespace, job_name=job.name, job_uid=job.metadata.uid or "",
         timeout=settings.api_request_timeout_seconds, node_cache=node_cache, children=children,
@@ -141,6 +189,7 @@ async def run_pass(
     await actions.apply(api, namespace=namespace, job_name=job.name, actions=decision.actions,
                         timeout=settings.api_request_timeout_seconds)
     memo.memory = decision.memory
+    memo.expected = expectations_after(decision.actions, memo.expected, time.monotonic())
     for applied in [*decision.actions, *decision.events]:
         metrics.ACTIONS.labels(action=type(applied).__name__).inc()  # PostEvent counted too
     for incident in decision.incidents:

@@ -261,7 +261,8 @@ USER_AFFINITY: dict[str, Any] = {
     "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
 }
 AVOID_TERM = {"weight": 100, "preference": {"matchFields": [
-    {"key": "metadata.name", "operator": "NotIn", "values": ["ip-10-0-1-5", "ip-10-0-1-7"]}]}}
+    {"key": "metadata.name", "operator": "NotIn", "values": ["ip-10-0-1-5"]},
+    {"key": "metadata.name", "operator": "NotIn", "values": ["ip-10-0-1-7"]}]}}
 
 
 def test_a_trainer_pod_prefers_every_node_but_the_excluded_ones() -> None:

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client.exposition import generate_latest
 from rtj_operator import handlers, observe, reconcile
 from rtj_operator.api.status import RankStatus, compact_ranks
+from rtj_operator.intents import CreateObject, DeletePod
 from rtj_operator.scraping import node_liveness_from_json
 from rtj_trainer.metrics import Snapshot, TrainerMetrics
 from rtj_trainer.podmetrics import PodRanks, procs_from_argv, rank_record
@@ -113,3 +114,16 @@ def test_a_finished_job_without_pods_or_ttl_costs_no_pass(
     state: str | None, pods: int, ttl: int | None, idle: bool
 ) -> None:
     assert handlers.finished_and_idle(state, pods, ttl) is idle
+
+
+def test_a_pass_lists_while_the_watch_cache_lags_behind_its_own_writes() -> None:
+    pod = {"metadata": {"name": "j-0", "uid": "u0"}}
+    deleting = {"metadata": {"name": "j-0", "uid": "u0", "deletionTimestamp": "x"}}
+    expected = reconcile.expectations_after(
+        [CreateObject({"kind": "Pod", "metadata": {"name": "j-1"}}), DeletePod("j-0", "u0")],
+        {"old": 0.0}, now=500.0)
+    assert expected == {"j-1": 500.0, "-u0": 500.0}  # "old" outlived EXPECTATION_SECONDS
+    lagging = ([pod], [], [])
+    assert reconcile.unmet_expectations(expected, lagging) == {"j-1", "-u0"}
+    caught_up = ([deleting, {"metadata": {"name": "j-1", "uid": "u1"}}], [], [])
+    assert reconcile.unmet_expectations(expected, caught_up) == set()
