@@ -514,7 +514,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 (hangs if kind_next == "hang" else kills).append(seen - injected)
             kind_next = "kill" if kind_next == "hang" else "hang"
-            # Wait for the job to be whole again before the next fault.
+            # Wait for the job to be whole again before the next fault: the replacement runs
+            # (its start restarts the others' heartbeat clocks) and the job says Running.
+            replaced = time.time() + 120
+            while time.time() < replaced and not any(
+                    p.job == target.job and p.index == target.index and p.uid != target.uid
+                    and p.uid not in sim.pending for p in sim.pods.values()):
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(1)
             try:
                 await wait_running(api, namespace, args.jobs, 120)
             except RuntimeError as error:
