@@ -388,8 +388,11 @@ async def request_total(api: Api) -> float:
 async def wait_running(api: Api, namespace: str, jobs: int, timeout: float) -> float:
     started = time.monotonic()
     while True:
-        listing = await api.call("GET", f"{GROUP_PATH}/namespaces/{namespace}/"
-                                        "resilienttrainingjobs")
+        try:
+            listing = await api.call("GET", f"{GROUP_PATH}/namespaces/{namespace}/"
+                                            "resilienttrainingjobs")
+        except (RuntimeError, aiohttp.ClientError, TimeoutError):
+            listing = {"items": []}  # an overloaded apiserver: ask again
         states = [(i.get("status") or {}).get("state") for i in listing["items"]]
         if len(states) == jobs and all(s == "Running" for s in states):
             return time.monotonic() - started
