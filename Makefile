@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 CLUSTER_DIR := .cluster
 PYTEST_ARGS ?=
 
-.PHONY: help install testbin test test-unit test-integration test-e2e lint crds demo \
+.PHONY: help install testbin test test-unit test-integration test-e2e test-long lint crds demo \
         cluster-up cluster-down operator-up operator-down train-local bench helm-lint images
 
 help: ## list targets
@@ -19,11 +19,14 @@ install: ## create/refresh .venv (Python 3.12, torch, kopf, NVRx 0.7.0); idempot
 testbin: ## build etcd/kube-apiserver/controller-manager/scheduler, fetch kubectl+helm (cached in ~/.cache)
 	@bash hack/build-testbin.sh >/dev/null
 
-test: install testbin ## lint (ruff, mypy --strict, import contracts) + every test tier (unit, integration, e2e)
+test: install testbin ## lint (ruff, mypy --strict, import contracts) + unit, integration and e2e tiers (not the long drills)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not long" $(PYTEST_ARGS)
+
+test-long: install testbin ## the long failure drills (partition, hung node, never-starting pod, ...): ~15-30 min
+	$(PY) -m pytest -m long $(PYTEST_ARGS)
 
 test-unit: install ## unit tier only (no cluster)
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)

@@ -144,13 +144,24 @@ class FaultResult:
 def analyse_fault(result: FaultResult, records: list[StepRecord],
                   commits: dict[int, float]) -> FaultResult:
     """Fill the recovery fields from rank 0's step records and when each checkpoint step was
-    first seen committed (step -> unix time)."""
+    first seen committed (step -> unix time).
+
+    Recovered means a new training attempt (another attempt identity: a new process group after
+    an in-process, launcher, pod or full restart) completed a step after the fault. A fault that
+    needed no restart (the job went on in the same attempt to its end, as when a writer died
+    between saves) is recovered and `absorbed`, with no seconds."""
     if result.injected_at is None:
         return result
-    after = [r for r in records if r.at > result.injected_at]
     committed = [step for step, at in commits.items() if at <= result.injected_at]
     result.committed_at_fault = max(committed, default=-1)
+    before = [r for r in records if r.at <= result.injected_at]
+    running = max(before, key=lambda r: r.at).attempt if before else None
+    after = [r for r in records if r.at > result.injected_at and r.attempt != running]
     if not after:
+        if result.detail.get("job_ended"):
+            result.recovered = True
+            result.detail["absorbed"] = True
+            result.steps_lost_beyond_commit = 0
         return result
     first = min(after, key=lambda r: r.at)
     result.recovered = True
@@ -238,6 +249,10 @@ class Campaign:
         self.namespace = self.cluster.create_namespace("chaos")
         self.operator: StampedProcess | None = None
         self.operator_starts = 0
+        from .operator_recovery import operator_ports
+
+        self.operator_ports = operator_ports()
+        """Kept across operator restarts: the running jobs' pods use its rendezvous port."""
         self.start_operator()
 
     def start_operator(self) -> None:
@@ -245,7 +260,8 @@ class Campaign:
 
         self.operator_starts += 1
         self.operator = start_operator(
-            self.cluster, self.work_dir / f"operator-{self.operator_starts}.log", None)
+            self.cluster, self.work_dir / f"operator-{self.operator_starts}.log", None,
+            self.operator_ports)
 
     def kill_operator(self) -> None:
         assert self.operator is not None
@@ -266,7 +282,9 @@ class Campaign:
         return result
 
     def job_dir(self, name: str) -> Path | None:
-        found = sorted(Path(self.cluster.shared_dir).glob(f"{self.namespace}-{name}-*/{name}"))
+        # The claim's directory, then checkpoint.path (`<namespace>/<name>` by default).
+        found = sorted(Path(self.cluster.shared_dir).glob(
+            f"{self.namespace}-{name}-*/{self.namespace}/{name}"))
         return found[0] if found else None
 
     def records(self, name: str) -> list[StepRecord]:
@@ -417,11 +435,25 @@ class Campaign:
 
     def wait_for_recovery(self, plan: JobPlan, result: FaultResult, commits: dict[int, float],
                           deadline: float) -> None:
+        """Until a new attempt completed a step after the fault, or the job ended (a fault that
+        needed no restart: `analyse_fault` calls it absorbed)."""
         assert result.injected_at is not None
         injected = result.injected_at
-        self.wait_until("the first step after the fault", deadline,
-                        lambda: any(r.at > injected for r in self.records(plan.name)),
-                        commits, plan.name)
+        records = self.records(plan.name)
+        before = [r for r in records if r.at <= injected]
+        running = max(before, key=lambda r: r.at).attempt if before else None
+
+        def new_attempt() -> bool:
+            return any(r.at > injected and r.attempt != running
+                       for r in self.records(plan.name))
+
+        try:
+            self.wait_until("a new attempt's first step after the fault", deadline, new_attempt,
+                            commits, plan.name)
+        except TimeoutError:
+            if self.status(plan.name).get("state") != "Succeeded":
+                raise
+            result.detail["job_ended"] = True
 
     def after(self, fault: PlannedFault, result: FaultResult) -> None:
         if fault.kind == "node-partition" and "node" in result.detail:

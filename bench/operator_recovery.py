@@ -155,7 +155,9 @@ class JobRun:
 
     def losses_path(self) -> Path | None:
         shared = Path(self.cluster.shared_dir)
-        found = sorted(shared.glob(f"{self.namespace}-{self.name}-*/{self.name}/losses.jsonl"))
+        # The claim's directory, then checkpoint.path (`<namespace>/<name>` by default).
+        found = sorted(shared.glob(
+            f"{self.namespace}-{self.name}-*/{self.namespace}/{self.name}/losses.jsonl"))
         return found[0] if found else None
 
     def pod_log_lines(self) -> list[StampedLine]:
@@ -302,13 +304,20 @@ def render(results: dict[str, Any]) -> str:
     ])
 
 
-def start_operator(cluster: Any, log_path: Path, reconcile: float | None) -> StampedProcess:
-    liveness = free_port()
-    env = cluster.env() | {
-        "RTJ_OPERATOR_METRICS_PORT": str(free_port()),
-        "RTJ_OPERATOR_LIVENESS_PORT": str(liveness),
-        "RTJ_OPERATOR_RENDEZVOUS_PORT": str(free_port()),
-    }
+def operator_ports() -> dict[str, str]:
+    """Free ports for one operator: metrics, liveness and the rendezvous port it gives jobs."""
+    return {"RTJ_OPERATOR_METRICS_PORT": str(free_port()),
+            "RTJ_OPERATOR_LIVENESS_PORT": str(free_port()),
+            "RTJ_OPERATOR_RENDEZVOUS_PORT": str(free_port())}
+
+
+def start_operator(cluster: Any, log_path: Path, reconcile: float | None,
+                   ports: dict[str, str] | None = None) -> StampedProcess:
+    """The operator as a subprocess, live. An operator started again must get the same `ports`:
+    the rendezvous port is part of the running jobs' pods."""
+    ports = ports or operator_ports()
+    liveness = int(ports["RTJ_OPERATOR_LIVENESS_PORT"])
+    env = cluster.env() | ports
     if reconcile is not None:
         env["RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS"] = f"{reconcile:g}"
     operator = StampedProcess([sys.executable, "-m", "rtj_operator"], log_path=log_path, env=env)

@@ -15,6 +15,9 @@ set -u
 . bench/device/setup.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# A warm machine keeps the last call's run directories: GBs of shards each, enough to fill its
+# disk (seen: a goodput run after a recovery run found no space for any commit).
+rm -rf /tmp/gp /dev/shm/rtj-local
 LOCAL_DIR=${LOCAL_DIR-/dev/shm/rtj-local}
 LOCAL_SET=(); [[ -n $LOCAL_DIR ]] && LOCAL_SET=(--set "checkpoint.local_dir=$LOCAL_DIR")
 python3 -m bench.goodput --variants faulted-inprocess --steps "${STEPS:-2000}" \

@@ -88,6 +88,18 @@ def test_no_step_after_the_fault_is_not_recovered() -> None:
     assert result.committed_at_fault == -1
 
 
+def test_a_step_of_the_attempt_running_at_the_fault_is_not_a_recovery() -> None:
+    records = _records((25, "a", 101.0), (26, "a", 101.6))
+    result = analyse_fault(FaultResult("j", "rendezvous-kill", 25, 0, injected_at=101.5),
+                           records, {20: 95.0})
+    assert not result.recovered
+    ended = FaultResult("j", "writer-kill", 25, 0, injected_at=101.5,
+                        detail={"job_ended": True})
+    analyse_fault(ended, records, {20: 95.0})
+    assert ended.recovered and ended.detail["absorbed"] and ended.seconds is None
+    assert ended.steps_lost_beyond_commit == 0
+
+
 def test_final_loss_is_the_last_attempts_and_the_summary_counts_per_kind() -> None:
     records = [StepRecord(50, "a", 10.0, 2.5), StepRecord(50, "b", 20.0, 2.25)]
     assert final_loss(records, 50) == 2.25

@@ -2,14 +2,18 @@
 
 Every action is idempotent, because a pass can be repeated at any time: creating an object that
 already exists (409) and deleting one that is already gone (404) or was replaced (409 on the UID
-precondition) are no-ops. Other API errors surface as `kopf.TemporaryError`, so kopf retries the
-pass a moment later. Events are not posted here but by the handler, through kopf (they are a
-separate field of the decision, `intents.PostEvent`).
+precondition) are no-ops. A create refused with 403 (Pod Security admission, an admission
+policy, a quota) is reported back as `intents.CreateRefused` and the remaining actions still run:
+the pass writes the refusal into the status instead of retrying (docs/security.md). Other API
+errors surface as `kopf.TemporaryError`, so kopf retries the pass a moment later. Events are
+not posted here but by the handler, through kopf (they are a separate field of the decision,
+`intents.PostEvent`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,14 +38,27 @@ def _create(
         core.create_namespaced_service(namespace, body, _request_timeout=timeout)
     elif kind == "PersistentVolumeClaim":
         core.create_namespaced_persistent_volume_claim(namespace, body, _request_timeout=timeout)
+    elif kind == "NetworkPolicy":
+        kubernetes.client.NetworkingV1Api(core.api_client).create_namespaced_network_policy(
+            namespace, body, _request_timeout=timeout)
     else:
         raise ValueError(f"cannot create a {kind}")
+
+
+def refusal_message(error: ApiException) -> str:
+    """The API server's message of a refused request (its Status body), or the HTTP reason."""
+    try:
+        body = json.loads(error.body or "{}")
+    except ValueError:
+        body = {}
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message or f"{error.status} {error.reason}")
 
 
 def _apply_one(
     api: kubernetes.client.ApiClient, namespace: str, job_name: str, action: intents.Action,
     timeout: float,
-) -> None:
+) -> intents.CreateRefused | None:
     core = kubernetes.client.CoreV1Api(api)
     try:
         if isinstance(action, intents.CreateObject):
@@ -67,9 +84,12 @@ def _apply_one(
                 body=kubernetes.client.V1DeleteOptions(propagation_policy="Background"),
                 _request_timeout=timeout,
             )
+        return None
     except ApiException as error:
         if error.status in (404, 409):
-            return  # already there / already gone / already replaced
+            return None  # already there / already gone / already replaced
+        if error.status == 403 and isinstance(action, intents.CreateObject):
+            return intents.CreateRefused(action.kind, action.name, refusal_message(error))
         raise kopf.TemporaryError(
             f"{type(action).__name__} failed: {error.status} {error.reason}",
             delay=RETRY_DELAY_SECONDS,
@@ -82,9 +102,13 @@ def _apply_all(
     job_name: str,
     actions: Sequence[intents.Action],
     timeout: float,
-) -> None:
+) -> list[intents.CreateRefused]:
+    refused = []
     for action in actions:
-        _apply_one(api, namespace, job_name, action, timeout)
+        outcome = _apply_one(api, namespace, job_name, action, timeout)
+        if outcome is not None:
+            refused.append(outcome)
+    return refused
 
 
 async def apply(
@@ -94,10 +118,10 @@ async def apply(
     job_name: str,
     actions: Sequence[intents.Action],
     timeout: float,
-) -> None:
+) -> list[intents.CreateRefused]:
     """Apply the actions in order, in a worker thread (the client is synchronous); `timeout`
-    bounds each API call."""
-    await asyncio.to_thread(_apply_all, api, namespace, job_name, actions, timeout)
+    bounds each API call. Returns the creates the API server refused with 403."""
+    return await asyncio.to_thread(_apply_all, api, namespace, job_name, actions, timeout)
 
 
 def _delete_children(

@@ -1,12 +1,12 @@
 """Every Kubernetes object the operator creates for a job, as pure functions of the parsed job.
 
 Objects (names and labels in docs/design.md): the trainer pods `<job>-<i>`, the rendezvous pod and
-ClusterIP Service `<job>-rdzv`, the headless Service `<job>`, and, for a dynamic checkpoint
-volume, the ReadWriteMany claim `<job>-checkpoints`. Each carries an ownerReference to the job
-(controller=true), so deleting the job deletes them through the garbage collector. Golden tests
-pin the p5.48xlarge trainer pod (tests/unit/golden/). The pod builders read the pass's `PodPlan`
-(`podplan.py`: resources, device counts, procs, grace period, rendezvous id) instead of resolving
-the instance profile themselves.
+ClusterIP Service `<job>-rdzv`, the headless Service `<job>`, the NetworkPolicy `<job>` (unless
+switched off), and, for a dynamic checkpoint volume, the ReadWriteMany claim `<job>-checkpoints`.
+Each carries an ownerReference to the job (controller=true), so deleting the job deletes them
+through the garbage collector. Golden tests pin the p5.48xlarge trainer pod (tests/unit/golden/).
+The pod builders read the pass's `PodPlan` (`podplan.py`: resources, device counts, procs, grace
+period, rendezvous id) instead of resolving the instance profile themselves.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from rtj_operator import launcher, naming, profiles
 from rtj_operator.api import API_VERSION, KIND
 from rtj_operator.api.models import ResilientTrainingJob
-from rtj_operator.config import OperatorSettings
+from rtj_operator.config import OperatorSettings, label_map
 from rtj_operator.intents import Manifest
 from rtj_operator.podplan import PodPlan
 
@@ -109,6 +109,53 @@ def _scheduling(job: ResilientTrainingJob) -> Manifest:
     return spec
 
 
+POD_SECURITY_DEFAULTS: Manifest = {
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""Every pod's securityContext unless podTemplate.securityContext replaces a field: what Pod
+Security `restricted` asks of a pod (the trainer image runs as user 10001)."""
+CONTAINER_SECURITY_DEFAULTS: Manifest = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+"""Every container's securityContext unless podTemplate.containerSecurityContext replaces a
+field: what Pod Security `restricted` asks of a container."""
+MEMORY_LOCK_CAPABILITY = "IPC_LOCK"
+"""Added to the trainer container with podTemplate.memoryLock (EFA pins memory for RDMA
+[aws-sample]); not in Pod Security `baseline`."""
+
+
+def pod_security_context(job: ResilientTrainingJob) -> Manifest:
+    """The pod securityContext: the defaults, each field the template sets replacing its own."""
+    template = job.spec.pod_template
+    merged = copy.deepcopy(POD_SECURITY_DEFAULTS)
+    if template is not None and template.security_context is not None:
+        merged.update(template.security_context.to_api())
+    return merged
+
+
+def container_security_context(job: ResilientTrainingJob, *, memory_lock: bool) -> Manifest:
+    """A container's securityContext: the defaults, each field the template sets replacing its
+    own (`capabilities` as a whole), then IPC_LOCK added when `memory_lock`."""
+    template = job.spec.pod_template
+    merged = copy.deepcopy(CONTAINER_SECURITY_DEFAULTS)
+    if template is not None and template.container_security_context is not None:
+        merged.update(template.container_security_context.to_api())
+    if memory_lock:
+        capabilities = merged.setdefault("capabilities", {})
+        added = list(capabilities.get("add") or [])
+        if MEMORY_LOCK_CAPABILITY not in added:
+            added.append(MEMORY_LOCK_CAPABILITY)
+        capabilities["add"] = added
+    return merged
+
+
+def _automount_token(job: ResilientTrainingJob) -> bool:
+    template = job.spec.pod_template
+    return template is not None and template.automount_service_account_token
+
+
 def _template_tolerations(job: ResilientTrainingJob) -> list[Manifest]:
     template = job.spec.pod_template
     return [t.to_api() for t in template.tolerations] if template is not None else []
@@ -166,6 +213,9 @@ def trainer_env(
         *((("RTJ_FAULT_INJECTION", "1"),)
           if spec.fault_tolerance.fault_injection == "Enabled" else ()),
         ("RTJ_HEARTBEAT_TIMEOUT_SECONDS", str(spec.fault_tolerance.heartbeat_timeout_seconds)),
+        # Other jobs whose checkpoints this one may resume (the trainer refuses any other's).
+        *((("RTJ_CHECKPOINT_RESUME_FROM_JOBS", ",".join(spec.checkpoint.resume_from_jobs)),)
+          if spec.checkpoint.resume_from_jobs else ()),
         # Where local rank 0 writes how the pod ended (rtj_operator.termination).
         ("RTJ_TERMINATION_MESSAGE_PATH", TERMINATION_MESSAGE_PATH),
     ]
@@ -190,9 +240,9 @@ have): the scheduler's NodeAffinity score then favours every other node that fit
 def avoiding(affinity: Manifest | None, nodes: Sequence[str]) -> Manifest | None:
     """`affinity` (the podTemplate's, left unchanged) plus a PREFERRED node anti-affinity
     against `nodes`: a pod lands elsewhere unless no other node fits. The term matches the
-    node's name (`matchFields metadata.name`), not a label that may differ from it; the API
-    server allows one value per `metadata.name` requirement, so each node is its own
-    requirement of the one term (ANDed: the term matches a node that is none of them)."""
+    node's name (`matchFields metadata.name`), not a label that may differ from it: one
+    `NotIn` requirement per node (ANDed within the term), since the API server allows exactly
+    one value for a `metadata.name` field selector with `In`/`NotIn`."""
     if not nodes:
         return affinity
     merged: Manifest = copy.deepcopy(affinity) if affinity else {}
@@ -280,10 +330,9 @@ def trainer_pod(
         # none and the container failed, the kubelet keeps the log's tail there instead.
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": container_security_context(
+            job, memory_lock=template is not None and template.memory_lock),
     }
-    if plan.efa_devices:
-        # EFA registers (pins) memory for RDMA, which needs IPC_LOCK [aws-sample].
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
 
     pod_spec: Manifest = {
         "hostname": name,
@@ -292,6 +341,8 @@ def trainer_pod(
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": plan.termination_grace_period_seconds,
         "enableServiceLinks": False,
+        "automountServiceAccountToken": _automount_token(job),
+        "securityContext": pod_security_context(job),
         "containers": [container],
         "volumes": volumes,
         **_scheduling(job),
@@ -324,6 +375,8 @@ def rendezvous_pod(
         "hostname": name,
         "restartPolicy": "Never",
         "enableServiceLinks": False,
+        "automountServiceAccountToken": _automount_token(job),
+        "securityContext": pod_security_context(job),
         "terminationGracePeriodSeconds": 10,
         "containers": [
             {
@@ -335,6 +388,7 @@ def rendezvous_pod(
                 "ports": [{"name": "rendezvous", "containerPort": settings.rendezvous_port,
                            "protocol": "TCP"}],
                 "resources": {"requests": dict(RENDEZVOUS_REQUESTS)},
+                "securityContext": container_security_context(job, memory_lock=False),
             }
         ],
         **_scheduling(job),
@@ -391,6 +445,45 @@ def headless_service(job: ResilientTrainingJob, *, settings: OperatorSettings) -
             "selector": {naming.JOB_LABEL: job.name, naming.ROLE_LABEL: naming.ROLE_TRAINER},
             "ports": [{"name": "metrics", "port": settings.trainer_metrics_port,
                        "targetPort": settings.trainer_metrics_port, "protocol": "TCP"}],
+        },
+    }
+
+
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+"""Set by the API server on every namespace: selects the operator's namespace by name."""
+
+
+def network_policy(
+    job: ResilientTrainingJob, *, plan: PodPlan, settings: OperatorSettings
+) -> Manifest:
+    """NetworkPolicy `<job>`: the job's pods accept ingress only from the job's own pods (every
+    port: the rendezvous store, the trainers' c10d/gloo/NCCL sockets, metrics) and, on the
+    trainers' liveness endpoint and metrics ports (`RTJ_METRICS_PORT - 1` to
+    `RTJ_METRICS_PORT + procsPerNode - 1`), from the operator's pods (when the settings name
+    them). Egress is not restricted. Enforced only by a CNI that implements NetworkPolicy
+    (docs/security.md)."""
+    job_pods = {"podSelector": {"matchLabels": {naming.JOB_LABEL: job.name}}}
+    ingress: list[Manifest] = [{"from": [job_pods]}]
+    operator_labels = label_map(settings.network_policy_operator_labels)
+    if settings.network_policy_operator_namespace:
+        peer: Manifest = {"namespaceSelector": {"matchLabels": {
+            NAMESPACE_NAME_LABEL: settings.network_policy_operator_namespace}}}
+        peer["podSelector"] = {"matchLabels": operator_labels} if operator_labels else {}
+        # The pod's liveness endpoint (one below the first rank's port) and every rank's.
+        first = naming.pod_endpoint_port(settings.trainer_metrics_port)
+        last = settings.trainer_metrics_port + plan.procs_per_node - 1
+        port: Manifest = {"protocol": "TCP", "port": first, "endPort": last}
+        ingress.append({"from": [peer], "ports": [port]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(
+            job, name=naming.network_policy_name(job.name), labels=_service_labels(job)
+        ),
+        "spec": {
+            "podSelector": job_pods["podSelector"],
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
         },
     }
 

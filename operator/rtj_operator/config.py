@@ -81,11 +81,36 @@ class OperatorSettings:
     peering: bool = False
     """Use kopf peering (several replicas, one active) instead of running standalone."""
 
+    network_policy: bool = True
+    """Create a NetworkPolicy per job that admits ingress to its pods only from the job's own
+    pods and from the operator (docs/security.md); enforced only by a CNI that implements
+    NetworkPolicy."""
+
+    network_policy_operator_namespace: str = ""
+    """Namespace of the operator's pods, admitted to the trainers' metrics ports by each job's
+    NetworkPolicy (the chart sets the release namespace). Empty: no operator rule (an operator
+    outside the cluster, as in the test harness, is not a pod a policy can select)."""
+
+    network_policy_operator_labels: str = ""
+    """Labels of the operator's pods as `k=v,k=v` (the chart sets its selector labels); with
+    `network_policy_operator_namespace`, they select the operator in each job's policy."""
+
     def liveness_endpoint(self) -> str | None:
         """The URL kopf serves its liveness probe on, or None when it is off."""
         if self.liveness_port == 0:
             return None
         return f"http://{self.liveness_host}:{self.liveness_port}/healthz"
+
+
+def label_map(text: str) -> dict[str, str]:
+    """`k=v,k=v` (a setting) as a dict; raises ConfigurationError on an entry without `=`."""
+    labels: dict[str, str] = {}
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        key, sep, value = entry.partition("=")
+        if not sep or not key:
+            raise ConfigurationError(f"{entry!r}: expected key=value")
+        labels[key.strip()] = value.strip()
+    return labels
 
 
 def env_name(field_name: str) -> str:
@@ -129,6 +154,11 @@ def _check_ranges(settings: OperatorSettings) -> None:
         if not 0 <= port <= 65535 or (port == 0 and name in ("trainer_metrics_port",
                                                                "rendezvous_port")):
             raise ConfigurationError(f"{env_name(name)}={port}: not a usable port")
+    try:
+        label_map(settings.network_policy_operator_labels)
+    except ConfigurationError as error:
+        raise ConfigurationError(
+            f"{env_name('network_policy_operator_labels')}: {error}") from None
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> OperatorSettings:

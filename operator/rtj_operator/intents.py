@@ -58,6 +58,17 @@ Action = CreateObject | DeletePod | SetClaimOwner | DeleteJob
 
 
 @dataclass(frozen=True)
+class CreateRefused:
+    """What `actions.apply` reports back: the API server refused a `CreateObject` with 403
+    (Pod Security admission, an admission policy, a quota). Not retried by kopf: the pass writes
+    it into the status (`decisions.with_refusals`) and the next pass tries again."""
+
+    kind: str
+    name: str
+    message: str
+
+
+@dataclass(frozen=True)
 class PostEvent:
     """A Kubernetes Event on the job: one for every decision. Posted by the handler (through
     kopf) after the status is written, never by `actions`."""

@@ -47,6 +47,11 @@ def dynamic_claim_name(job_name: str) -> str:
     return f"{job_name}-checkpoints"
 
 
+def network_policy_name(job_name: str) -> str:
+    """The job's NetworkPolicy: named like the job (another kind, so no clash)."""
+    return job_name
+
+
 def job_selector(job_name: str) -> str:
     """Label selector of every child of a job."""
     return f"{JOB_LABEL}={job_name}"

@@ -186,8 +186,11 @@ async def run_pass(
         memory=memo.memory,
         settings=settings,
     )
-    await actions.apply(api, namespace=namespace, job_name=job.name, actions=decision.actions,
-                        timeout=settings.api_request_timeout_seconds)
+    refused = await actions.apply(api, namespace=namespace, job_name=job.name,
+                                  actions=decision.actions,
+                                  timeout=settings.api_request_timeout_seconds)
+    # A create refused by admission becomes the AdmissionRefused condition, not a retry loop.
+    decision = decisions.with_refusals(decision, refused, now_utc())
     memo.memory = decision.memory
     memo.expected = expectations_after(decision.actions, memo.expected, time.monotonic())
     for applied in [*decision.actions, *decision.events]:

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from harness.cluster import Cluster
-from rtj_operator.config import ENV_PREFIX, OperatorSettings, load_settings
+from rtj_operator.config import ENV_PREFIX, OperatorSettings, label_map, load_settings
 
 pytestmark = pytest.mark.integration
 
@@ -145,11 +145,15 @@ def test_default_rbac_splits_framework_and_application_into_cluster_roles(
     assert not [r for _, r, _ in framework if "peering" in r]  # standalone: no kopf peering
     application = {(g, r): v for g, r, v in rules_of(roles["rel-rtj-operator-application"])}
     assert application[(GROUP, "resilienttrainingjobs")] == {
-        "get", "list", "watch", "patch", "update", "delete",  # delete: ttlSecondsAfterFinished
+        "get", "list", "watch", "patch", "delete",  # delete: ttlSecondsAfterFinished
     }  # fmt: skip
-    assert application[(GROUP, "resilienttrainingjobs/status")] >= {"patch", "update"}
-    assert application[("", "pods")] == {"get", "list", "watch", "create", "delete"}
-    assert application[("", "services")] == {"get", "list", "watch", "create", "delete", "patch"}
+    assert application[(GROUP, "resilienttrainingjobs/status")] == {"get", "patch"}
+    assert application[(GROUP, "resilienttrainingjobs/finalizers")] == {"update"}
+    assert application[("", "pods")] == {"list", "watch", "create", "delete"}
+    assert application[("", "services")] == {"list", "watch", "create", "delete"}
+    assert application[("", "persistentvolumeclaims")] == {
+        "list", "watch", "create", "delete", "patch"}
+    assert application[("networking.k8s.io", "networkpolicies")] == {"create"}
     assert ("", "secrets") not in application
     assert application[("", "nodes")] == {"get", "list", "watch"}  # lost nodes; read only
 
@@ -266,7 +270,15 @@ def test_the_chart_defaults_keep_the_operator_defaults_except_where_it_listens(
         for name in OperatorSettings.__dataclass_fields__
         if getattr(settings, name) != getattr(OperatorSettings(), name)
     }
-    assert different == {"liveness_host", "liveness_port", "metrics_host", "metrics_port"}
+    assert different == {"liveness_host", "liveness_port", "metrics_host", "metrics_port",
+                         "network_policy_operator_namespace", "network_policy_operator_labels"}
+    # Each job's NetworkPolicy selects exactly the operator's pod: its namespace and labels.
+    assert settings.network_policy is True
+    assert settings.network_policy_operator_namespace == "ops"
+    pod_labels = next(m for m in render(helm_binary) if m["kind"] == "Deployment")[
+        "spec"]["template"]["metadata"]["labels"]
+    selected = label_map(settings.network_policy_operator_labels)
+    assert selected and selected.items() <= pod_labels.items()
 
 
 # --- against the real API server -----------------------------------------------------------------
@@ -354,6 +366,16 @@ def test_helm_install_grants_exactly_what_the_operator_needs_and_uninstall_remov
     assert not release.can("get", "secrets")
     assert not release.can("patch", "pods")
     assert not release.can("delete", "customresourcedefinitions.apiextensions.k8s.io")
+    # Only the verbs the code uses (review S3): kopf patches (never updates) the jobs and their
+    # status; the children are listed and watched by label, never fetched one by one.
+    assert not release.can("update", jobs)
+    assert not release.can("update", jobs, "--subresource=status")
+    assert release.can("update", jobs, "--subresource=finalizers")  # blockOwnerDeletion
+    for kind in ("pods", "services", "persistentvolumeclaims"):
+        assert release.can("list", kind) and release.can("watch", kind)
+        assert not release.can("get", kind), kind
+    assert release.can("create", "networkpolicies.networking.k8s.io")
+    assert not release.can("delete", "networkpolicies.networking.k8s.io")  # the GC removes it
 
     release.uninstall()
     for kind, name in namespaced:
@@ -374,3 +396,19 @@ def test_namespaced_install_lets_the_operator_act_only_in_its_own_namespace(
     assert not release.can("list", f"resilienttrainingjobs.{GROUP}", namespace="default")
     release.uninstall()
     assert not release.exists("role", f"{release.fullname}-application")
+
+
+def test_the_network_policy_switch_reaches_the_operator_and_its_rbac(helm_binary: Path) -> None:
+    def netpol_rules(manifests: list[Manifest]) -> list[Any]:
+        role = next(m for m in manifests
+                    if m["kind"] == "ClusterRole" and m["metadata"]["name"].endswith("application"))
+        return [r for r in role["rules"] if "networkpolicies" in r["resources"]]
+
+    on = render(helm_binary)
+    assert netpol_rules(on) == [{"apiGroups": ["networking.k8s.io"],
+                                 "resources": ["networkpolicies"], "verbs": ["create"]}]
+    off = render(helm_binary, "--set", "operator.networkPolicy=false")
+    assert netpol_rules(off) == []
+    env = operator_env(off)
+    assert load_settings({k: v for k, v in env.items()
+                          if k.startswith(ENV_PREFIX)}).network_policy is False

@@ -14,7 +14,9 @@ def stage(state: dict[str, object]) -> tuple[object, list[ck.TensorLayout], torc
     return ck.stage_to_host(state, torch.device("cpu"), ck.HostStaging())
 
 
-def save_checkpoint(root: Path, step: int, world_size: int = 2, commit: bool = True) -> Path:
+def save_checkpoint(
+    root: Path, step: int, world_size: int = 2, commit: bool = True, job: str = ""
+) -> Path:
     """Write every rank's shard the way the NVRx writer does (several chunks and threads, as
     an 11 GB shard would be), then (optionally) commit."""
     directory = root / ck.checkpoint_dir_name(step, "a0-l0-i0-1")
@@ -27,5 +29,6 @@ def save_checkpoint(root: Path, step: int, world_size: int = 2, commit: bool = T
                        str(directory / ck.shard_record_name(rank, world_size)),
                        skeleton, layout, blob, rank, False, 0.0, chunk_bytes=64, threads=3)
     if commit:
-        assert ck.commit(directory, step=step, world_size=world_size, identity="a0") is not None
+        assert ck.commit(directory, step=step, world_size=world_size, identity="a0",
+                         job=job) is not None
     return directory

@@ -70,7 +70,7 @@ def test_job_exposes_the_derived_names_the_operator_uses() -> None:
     parsed = models.parse_job(job())
     assert parsed.name == "demo"
     assert parsed.metadata.uid == "1234" and parsed.metadata.generation == 3
-    assert parsed.checkpoint_dir == "/checkpoints/demo"
+    assert parsed.checkpoint_dir == "/checkpoints/default/demo"  # scoped to the job
     assert parsed.checkpoint_claim_name == "fsx"
     dynamic = models.parse_job(
         job(

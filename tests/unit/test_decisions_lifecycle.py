@@ -4,14 +4,18 @@ the deadline, exit codes that must not be retried, completion and finished jobs.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from rtj_operator import decisions as d
 from rtj_operator.api.status import Reason
 from rtj_operator.intents import CreateObject, DeleteJob, DeletePod, SetClaimOwner
 from rtj_operator.observed import ClaimView
+from rtj_operator.podplan import plan_for
 from unit.decisions_builders import (
+    SETTINGS,
     T0,
     Outcome,
     beats,
@@ -35,15 +39,16 @@ pytestmark = pytest.mark.unit
 def test_a_new_job_gets_services_a_rendezvous_pod_and_every_trainer_pod() -> None:
     decision = decide(job(), world(services=False))
     assert created(decision) == [
-        "Service/tiny", "Service/tiny-rdzv", "Pod/tiny-rdzv", "Pod/tiny-0", "Pod/tiny-1",
+        "NetworkPolicy/tiny", "Service/tiny", "Service/tiny-rdzv", "Pod/tiny-rdzv", "Pod/tiny-0",
+        "Pod/tiny-1",
     ]
-    pod = decision.of_type(CreateObject)[3].manifest
+    pod = decision.of_type(CreateObject)[4].manifest
     assert pod["metadata"]["labels"]["training.resilient.dev/attempt"] == "0"
     assert decision.status["state"] == "Pending"
     assert decision.status["nodes"] == "0/2"
     assert [r["state"] for r in decision.status["ranks"]] == ["Pending", "Pending"]
     assert decision.status["startTime"] == "2026-11-29T12:00:00Z"
-    assert events(decision).count("Created") == 5
+    assert events(decision).count("Created") == 6
 
 
 def test_a_dynamic_checkpoint_volume_becomes_a_claim_owned_by_the_job() -> None:
@@ -220,3 +225,12 @@ def test_resume_waits_for_suspended_pods_to_finish_terminating() -> None:
     resumed = then(two, j, world(trainer(0, deleting=True), rdzv=rendezvous(deleting=True)),
                    now=T0 + timedelta(seconds=62))
     assert not resumed.of_type(CreateObject) and not resumed.of_type(DeletePod)
+
+
+def test_the_network_policy_is_created_with_the_headless_service_unless_switched_off() -> None:
+    off = replace(SETTINGS, network_policy=False)
+    j = job()
+    decision = d.decide(job=j, plan=plan_for(j, off), observed=world(services=False),
+                        liveness={}, now=T0, memory=d.Memory(), settings=off)
+    assert not [a for a in decision.of_type(CreateObject) if a.kind == "NetworkPolicy"]
+    assert "NetworkPolicy/tiny" not in created(decide(job(), world()))  # services exist

@@ -242,3 +242,36 @@ def test_the_progress_clock_survives_an_operator_restart() -> None:
         status = {k: v for k, v in d.status.items() if v is not None}
     assert found is not None and found["cause"] == "ProgressTimeout"
     assert status is not None and status["progressClock"]["step"] == 10  # type: ignore[index]
+
+
+def starting(step: int = 0) -> dict[int, NodeLiveness]:
+    """Every rank answers (its metrics endpoint is up) but has sent no heartbeat yet: it is
+    still importing, building the model or loading the checkpoint."""
+    return {index: replace(node, samples=tuple(replace(s, heartbeat=None, step=step)
+                                               for s in node.samples))
+            for index, node in beats(T0, step=step).items()}
+
+
+def test_a_slow_start_is_not_a_stall_and_the_progress_clock_starts_at_the_first_heartbeats(
+) -> None:
+    # Found end to end: the ranks served step 0 from the start of their metrics endpoint, the
+    # progress clock started then, and the first heartbeat after a start slower than
+    # progressTimeoutSeconds (within initialHeartbeatTimeoutSeconds) was taken for a stall.
+    j = job(faultTolerance={"initialHeartbeatTimeoutSeconds": 600})
+    d = decide(j, world())
+    for seconds in (10, 70, 130, 190):
+        d = then(d, j, running_world(), now=T0 + timedelta(seconds=seconds), liveness=starting())
+        assert d.of_type(DeletePod) == [], seconds
+    first_beat = T0 + timedelta(seconds=200)
+    d = then(d, j, running_world(), now=first_beat, liveness=beats(first_beat, step=0))
+    assert d.of_type(DeletePod) == [] and not d.status.get("incidents")
+    assert d.status["progressClock"]["step"] == 0
+    assert d.status["progressClock"]["since"] == "2026-11-29T12:03:20Z"
+    # A real stall from then on is still found, progressTimeoutSeconds after the first beats.
+    before = first_beat + timedelta(seconds=119)
+    d = then(d, j, running_world(), now=before, liveness=beats(before, step=0))
+    assert d.of_type(DeletePod) == []
+    after = first_beat + timedelta(seconds=121)
+    d = then(d, j, running_world(), now=after, liveness=beats(after, step=0))
+    assert sorted(deleted(d)) == ["tiny-0", "tiny-1", "tiny-rdzv"]
+    assert d.status["incidents"][-1]["cause"] == IncidentCause.PROGRESS_TIMEOUT

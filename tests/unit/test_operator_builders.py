@@ -4,6 +4,7 @@ a golden file (tests/unit/golden/); set UPDATE_GOLDEN=1 to rewrite it after a de
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,9 @@ def test_p5_trainer_pod_reserves_the_whole_instance() -> None:
     assert limits["vpc.amazonaws.com/efa"] == requests["vpc.amazonaws.com/efa"] == "32"
     assert limits["hugepages-2Mi"] == requests["hugepages-2Mi"]
     assert {"cpu", "memory"} <= set(requests)
-    assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    # Pod Security `restricted` shape; no IPC_LOCK unless podTemplate.memoryLock asks for it.
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False,
+                                            "capabilities": {"drop": ["ALL"]}}
     assert pod["spec"]["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
     tolerations = pod["spec"]["tolerations"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
@@ -126,7 +129,7 @@ def test_p5_trainer_env_carries_the_contract_and_the_efa_settings() -> None:
     expected = {
         "RTJ_JOB_NAME": "llama", "RTJ_JOB_UID": "0e5a-uid", "RTJ_NODE_INDEX": "3",
         "GROUP_RANK": "3", "RTJ_NNODES": "8", "RTJ_PROCS_PER_NODE": "8", "RTJ_ATTEMPT": "2",
-        "RTJ_CHECKPOINT_DIR": "/checkpoints/llama", "RTJ_CHECKPOINT_INTERVAL_STEPS": "500",
+        "RTJ_CHECKPOINT_DIR": "/checkpoints/ml/llama", "RTJ_CHECKPOINT_INTERVAL_STEPS": "500",
         "RTJ_CHECKPOINT_KEEP": "2", "RTJ_CHECKPOINT_MODE": "async", "RTJ_METRICS_PORT": "9400",
         "RTJ_INPROCESS_RESTART": "1", "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "120",
         "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1",
@@ -173,7 +176,7 @@ def test_a_cpu_job_without_gpus_gets_no_efa_nccl_or_shm_settings() -> None:
     env = env_of(pod)
     assert not {"FI_PROVIDER", "NCCL_NVLS_ENABLE", "FI_EFA_FORK_SAFE"} & set(env)
     assert [v["name"] for v in pod["spec"]["volumes"]] == ["checkpoints"]
-    assert "securityContext" not in pod["spec"]["containers"][0]
+    assert "add" not in pod["spec"]["containers"][0]["securityContext"]["capabilities"]
     assert pod["spec"]["tolerations"] == [
         {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
     ]
@@ -260,6 +263,8 @@ USER_AFFINITY: dict[str, Any] = {
     },
     "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
 }
+# One requirement per node: the API server refuses a `metadata.name` field selector with more
+# than one value ("must have one element"), so two excluded nodes are two ANDed requirements.
 AVOID_TERM = {"weight": 100, "preference": {"matchFields": [
     {"key": "metadata.name", "operator": "NotIn", "values": ["ip-10-0-1-5"]},
     {"key": "metadata.name", "operator": "NotIn", "values": ["ip-10-0-1-7"]}]}}
@@ -293,3 +298,93 @@ def test_the_excluded_nodes_merge_with_the_users_affinity_and_leave_it_unchanged
     assert yaml.safe_dump(job.spec.pod_template.affinity) == before  # the spec is not touched
     rendezvous = builders.rendezvous_pod(job, plan=plan, settings=SETTINGS)
     assert rendezvous["spec"]["affinity"] == USER_AFFINITY  # only trainer pods avoid nodes
+
+
+# --- Pod Security (docs/security.md) ----------------------------------------------------------
+
+RESTRICTED_POD = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def test_trainer_and_rendezvous_pods_default_to_the_restricted_shape_without_a_token() -> None:
+    job = p5_job()
+    for pod in (trainer_pod(job, node_index=0, attempt=0, settings=SETTINGS),
+                rendezvous_pod(job)):
+        assert pod["spec"]["securityContext"] == RESTRICTED_POD
+        assert pod["spec"]["containers"][0]["securityContext"] == RESTRICTED_CONTAINER
+        assert pod["spec"]["automountServiceAccountToken"] is False
+
+
+def test_memory_lock_adds_ipc_lock_to_the_trainer_only() -> None:
+    job = p5_job(podTemplate={"memoryLock": True})
+    trainer = trainer_pod(job, node_index=0, attempt=0, settings=SETTINGS)
+    assert trainer["spec"]["containers"][0]["securityContext"]["capabilities"] == {
+        "drop": ["ALL"], "add": ["IPC_LOCK"]}
+    assert rendezvous_pod(job)["spec"]["containers"][0]["securityContext"] == \
+        RESTRICTED_CONTAINER
+
+
+def test_the_templates_security_contexts_replace_the_defaults_field_by_field() -> None:
+    job = p5_job(podTemplate={
+        "securityContext": {"fsGroup": 10001, "fsGroupChangePolicy": "OnRootMismatch",
+                            "runAsUser": 2000, "runAsGroup": 3000,
+                            "seccompProfile": {"type": "Localhost",
+                                               "localhostProfile": "profiles/trainer.json"}},
+        "containerSecurityContext": {"readOnlyRootFilesystem": True,
+                                     "capabilities": {"add": ["SYS_PTRACE"], "drop": ["NET_RAW"]}},
+        "memoryLock": True,
+        "automountServiceAccountToken": True,
+    })
+    pod = trainer_pod(job, node_index=0, attempt=0, settings=SETTINGS)
+    assert pod["spec"]["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 2000, "runAsGroup": 3000, "fsGroup": 10001,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "Localhost", "localhostProfile": "profiles/trainer.json"},
+    }
+    assert pod["spec"]["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        "capabilities": {"add": ["SYS_PTRACE", "IPC_LOCK"], "drop": ["NET_RAW"]},
+    }
+    assert pod["spec"]["automountServiceAccountToken"] is True
+    assert builders.POD_SECURITY_DEFAULTS == RESTRICTED_POD, "the defaults are not mutated"
+
+
+def test_the_accepted_foreign_jobs_reach_the_trainer_only_when_named() -> None:
+    plain = env_of(trainer_pod(p5_job(), node_index=0, attempt=0, settings=SETTINGS))
+    assert "RTJ_CHECKPOINT_RESUME_FROM_JOBS" not in plain
+    job = p5_job(checkpoint={"claimName": "fsx", "path": "runs/base",
+                             "resumeFromJobs": ["ml/base-run", "other/warmup"]})
+    env = env_of(trainer_pod(job, node_index=0, attempt=0, settings=SETTINGS))
+    assert env["RTJ_CHECKPOINT_RESUME_FROM_JOBS"] == "ml/base-run,other/warmup"
+    assert env["RTJ_CHECKPOINT_DIR"] == "/checkpoints/runs/base"
+
+
+# --- NetworkPolicy ----------------------------------------------------------------------------
+
+
+def test_the_network_policy_admits_the_jobs_pods_everywhere_and_the_operator_to_metrics() -> None:
+    settings = replace(SETTINGS, network_policy_operator_namespace="rtj-system",
+                       network_policy_operator_labels="app.kubernetes.io/name=rtj-operator,"
+                                                      "app.kubernetes.io/instance=rtj")
+    job = p5_job()
+    policy = builders.network_policy(job, plan=plan_for(job, settings), settings=settings)
+    assert policy["metadata"]["name"] == "llama" and policy["metadata"]["namespace"] == "ml"
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "0e5a-uid"
+    own = {"matchLabels": {"training.resilient.dev/job": "llama"}}
+    assert policy["spec"]["podSelector"] == own
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress (DNS, S3, images) stays open
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"podSelector": own}]},
+        {"from": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "rtj-system"}},
+                   "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rtj-operator",
+                                                   "app.kubernetes.io/instance": "rtj"}}}],
+         "ports": [{"protocol": "TCP", "port": 9400, "endPort": 9407}]},  # 8 ranks per pod
+    ]
+
+
+def test_without_an_operator_namespace_only_the_jobs_own_pods_are_admitted() -> None:
+    job = p5_job()
+    policy = builders.network_policy(job, plan=plan_for(job, SETTINGS), settings=SETTINGS)
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"podSelector": {"matchLabels": {"training.resilient.dev/job": "llama"}}}]}]

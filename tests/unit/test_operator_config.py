@@ -35,6 +35,8 @@ def test_settings_are_read_from_prefixed_variables() -> None:
         ("RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS", "0", "must be > 0"),
         ("RTJ_OPERATOR_RENDEZVOUS_PORT", "70000", "not a usable port"),
         ("RTJ_OPERATOR_RECONCILE_INTERVALL_SECONDS", "3", "unknown setting"),
+        ("RTJ_OPERATOR_NETWORK_POLICY_OPERATOR_LABELS", "app=rtj,oops", "expected key=value"),
+        ("RTJ_OPERATOR_NETWORK_POLICY", "maybe", "expected true or false"),
     ],
 )
 def test_a_bad_setting_is_an_error_that_names_the_variable(

@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import FatalError
 from .faults import Fault, FaultSpecError, parse_faults
@@ -126,6 +134,18 @@ class CheckpointConfig(_Section):
     """Also keep each rank's newest saves in this node-local folder (RAM: /dev/shm/...), and
     resume from there when every rank holds the same save and it is not older than the newest
     commit (rtj_trainer.checkpoint.local). Needs room for two shards per local rank. Off: None."""
+    resume_from_jobs: tuple[str, ...] = ()
+    """Other jobs (`<namespace>/<name>`) whose committed checkpoints in `dir` this job may
+    resume (env RTJ_CHECKPOINT_RESUME_FROM_JOBS, comma-separated, from
+    `spec.checkpoint.resumeFromJobs`); any other job's are refused (ForeignCheckpointError)."""
+
+    @field_validator("resume_from_jobs", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(item.strip() for item in value.split(",") if item.strip())
+        return value
+
     test_write_delay_seconds: float = Field(default=0.0, ge=0)
     """Testing knob: the writer sleeps this long before writing, to widen the mid-save window."""
 
@@ -273,6 +293,7 @@ _OPERATOR_ENV: dict[str, str] = {
     "RTJ_CHECKPOINT_INTERVAL_STEPS": "checkpoint.interval_steps",
     "RTJ_CHECKPOINT_KEEP": "checkpoint.keep",
     "RTJ_CHECKPOINT_MODE": "checkpoint.mode",
+    "RTJ_CHECKPOINT_RESUME_FROM_JOBS": "checkpoint.resume_from_jobs",
     "RTJ_METRICS_PORT": "metrics.port",
     "RTJ_METRICS_HOST": "metrics.host",
     "RTJ_INPROCESS_RESTART": "resiliency.inprocess_restart",

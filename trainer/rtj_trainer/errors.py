@@ -9,8 +9,9 @@ ladder.
 
 Which errors belong here: a bad configuration (`ConfigError`, rtj_trainer.config), a checkpoint
 written for other data (`DataMismatchError`), committed checkpoints that exist only at another
-world size (`WorldSizeChangedError`). A corrupt or half-written checkpoint does not: resume falls
-back to an older one, and a restart may well succeed.
+world size (`WorldSizeChangedError`), committed checkpoints of another job in the job's
+checkpoint directory (`ForeignCheckpointError`). A corrupt or half-written checkpoint does not:
+resume falls back to an older one, and a restart may well succeed.
 """
 
 from __future__ import annotations
@@ -37,3 +38,10 @@ class WorldSizeChangedError(FatalError):
     shards and are not resharded)."""
 
     reason = "WorldSizeChanged"
+
+
+class ForeignCheckpointError(FatalError):
+    """The checkpoint directory holds committed checkpoints that another job wrote, and the
+    spec does not name that job in `checkpoint.resumeFromJobs`."""
+
+    reason = "ForeignCheckpoint"

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from . import parallel, timeline
-from .checkpoint import Checkpointer, CheckpointError, read_manifest
+from .checkpoint import Checkpointer, CheckpointError, job_identity, read_manifest
 from .checkpoint.store import committed_checkpoints, read_commit_log
 from .config import Config
 from .data import TokenBatches
@@ -124,6 +124,8 @@ class Trainer:
             world_size=ctx.world_size,
             device=ctx.device,
             identity=self.identity,
+            job=job_identity(cfg.job.namespace, cfg.job.name),
+            accepted_jobs=cfg.checkpoint.resume_from_jobs,
             keepalive=session.heartbeat,
         )
         self._loaded = self.checkpointer.load_latest()

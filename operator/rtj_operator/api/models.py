@@ -61,6 +61,9 @@ QUANTITY_PATTERN = (
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 RESERVED_ENV_PREFIX = "RTJ_"
+JOB_REFERENCE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z]([-a-z0-9]*[a-z0-9])?$"
+"""`<namespace>/<name>` of a job."""
+JobReference = Annotated[str, Field(pattern=JOB_REFERENCE, max_length=317)]
 
 # --- shared types -----------------------------------------------------------------------------
 
@@ -331,9 +334,11 @@ class Checkpoint(ApiModel):
     path: str | None = Field(
         default=None,
         description=(
-            "Subdirectory of the volume that holds this job's checkpoints (default: the job's "
-            "name). A relative path without `..`; the trainer gets `<mountPath>/<path>` as "
-            "RTJ_CHECKPOINT_DIR. A new job with the same path resumes from its checkpoints."
+            "Subdirectory of the volume that holds this job's checkpoints (default: "
+            "`<namespace>/<name>`, so a job deleted and applied again resumes its own). A "
+            "relative path without `..`; the trainer gets `<mountPath>/<path>` as "
+            "RTJ_CHECKPOINT_DIR. Checkpoints another job wrote there are refused unless "
+            "resumeFromJobs names that job."
         ),
         max_length=512,
         pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$",
@@ -343,6 +348,16 @@ class Checkpoint(ApiModel):
                 "checkpoint.path may not contain '.' or '..' segments",
             )
         ),
+    )
+    resume_from_jobs: list[JobReference] = Field(
+        default_factory=list,
+        description=(
+            "Other jobs, as `<namespace>/<name>`, whose committed checkpoints in this job's "
+            "checkpoint directory it may resume (for example to continue another run: set "
+            "path to that run's directory and name it here). Without it, a trainer that finds "
+            "another job's checkpoints fails with reason ForeignCheckpoint."
+        ),
+        max_length=16,
     )
     interval_steps: int = Field(
         default=100,
@@ -625,6 +640,125 @@ class Toleration(ApiModel):
         return self
 
 
+ID_MAX = 2**31 - 1
+"""Largest user or group id the operator accepts (Linux ids are 32-bit; the API allows int64)."""
+CAPABILITY = Annotated[str, Field(pattern=r"^[A-Z][A-Z_]*$", max_length=64)]
+"""A Linux capability as Kubernetes writes it, without `CAP_` (`NET_BIND_SERVICE`)."""
+
+
+class SeccompProfile(ApiModel):
+    """A core/v1 SeccompProfile."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "self.type == 'Localhost' ? has(self.localhostProfile) : "
+                "!has(self.localhostProfile)",
+                "seccompProfile.localhostProfile is required with type Localhost, and only "
+                "with it",
+                field_path=".localhostProfile",
+            )
+        )
+    )
+
+    type: Literal["RuntimeDefault", "Localhost", "Unconfined"] = Field(
+        description="`RuntimeDefault` (the operator's default), `Localhost` or `Unconfined`."
+    )
+    localhost_profile: str | None = Field(
+        default=None, description="Profile file on the node, with type Localhost.", max_length=4096
+    )
+
+    @model_validator(mode="after")
+    def _localhost_profile_with_localhost(self) -> Self:
+        if (self.type == "Localhost") != (self.localhost_profile is not None):
+            raise ValueError("seccompProfile.localhostProfile is required with type Localhost, "
+                             "and only with it")
+        return self
+
+
+class Capabilities(ApiModel):
+    """Linux capabilities added to and dropped from the container's default set."""
+
+    add: list[CAPABILITY] | None = Field(
+        default=None, description="Capabilities added.", max_length=64
+    )
+    drop: list[CAPABILITY] | None = Field(
+        default=None, description="Capabilities dropped (`ALL` for every one).", max_length=64
+    )
+
+
+class PodSecurityContext(ApiModel):
+    """Pod-level core/v1 PodSecurityContext fields a job may set; each one given replaces the
+    operator's default of that field (docs/security.md)."""
+
+    run_as_user: int | None = Field(
+        default=None, description="User id of every container's processes.", ge=0, le=ID_MAX
+    )
+    run_as_group: int | None = Field(
+        default=None, description="Primary group id of every container's processes.", ge=0,
+        le=ID_MAX,
+    )
+    run_as_non_root: bool | None = Field(
+        default=None,
+        description="Refuse to start a container whose user is root (default: true).",
+    )
+    fs_group: int | None = Field(
+        default=None,
+        description=(
+            "Group that owns the pod's volumes (and that every process joins): set it when the "
+            "checkpoint volume is root-owned when new (FSx for Lustre), so a non-root trainer "
+            "may write it."
+        ),
+        ge=0,
+        le=ID_MAX,
+    )
+    fs_group_change_policy: Literal["OnRootMismatch", "Always"] | None = Field(
+        default=None,
+        description=(
+            "When the kubelet changes volume ownership to fsGroup: `OnRootMismatch` (only when "
+            "the volume's root differs: cheap on a large FSx volume) or `Always`."
+        ),
+    )
+    supplemental_groups: list[Annotated[int, Field(ge=0, le=ID_MAX)]] | None = Field(
+        default=None, description="Extra group ids of every process.", max_length=32
+    )
+    seccomp_profile: SeccompProfile | None = Field(
+        default=None, description="Seccomp profile of the pod (default: RuntimeDefault)."
+    )
+
+
+class ContainerSecurityContext(ApiModel):
+    """Container-level core/v1 SecurityContext fields a job may set for its containers (trainer
+    and rendezvous); each one given replaces the operator's default of that field."""
+
+    run_as_user: int | None = Field(
+        default=None, description="User id of the container's processes.", ge=0, le=ID_MAX
+    )
+    run_as_group: int | None = Field(
+        default=None, description="Primary group id of the container's processes.", ge=0,
+        le=ID_MAX,
+    )
+    run_as_non_root: bool | None = Field(
+        default=None, description="Refuse to start the container as root."
+    )
+    read_only_root_filesystem: bool | None = Field(
+        default=None, description="Mount the container's root filesystem read-only."
+    )
+    allow_privilege_escalation: bool | None = Field(
+        default=None,
+        description="Whether a process may gain more privileges than its parent (default: false).",
+    )
+    capabilities: Capabilities | None = Field(
+        default=None,
+        description=(
+            "Capabilities (default: drop ALL). IPC_LOCK is added by memoryLock, not here."
+        ),
+    )
+    seccomp_profile: SeccompProfile | None = Field(
+        default=None, description="Seccomp profile of the container (default: the pod's)."
+    )
+
+
 class PodTemplate(ApiModel):
     """Overrides applied to every pod of the job (trainers and rendezvous), so that queueing
     systems (Kueue, Volcano) and cluster policies can place the job."""
@@ -670,6 +804,37 @@ class PodTemplate(ApiModel):
         description="Seconds a trainer gets between SIGTERM and SIGKILL.",
         ge=0,
         le=86400,
+    )
+    security_context: PodSecurityContext | None = Field(
+        default=None,
+        description=(
+            "Pod security context, merged field by field over the operator's defaults "
+            "(runAsNonRoot true, seccompProfile RuntimeDefault), for example fsGroup."
+        ),
+    )
+    container_security_context: ContainerSecurityContext | None = Field(
+        default=None,
+        description=(
+            "Security context of the trainer and rendezvous containers, merged field by field "
+            "over the operator's defaults (allowPrivilegeEscalation false, capabilities drop "
+            "ALL)."
+        ),
+    )
+    memory_lock: bool = Field(
+        default=False,
+        description=(
+            "Add the IPC_LOCK capability to the trainer container, so it may pin any amount of "
+            "memory (EFA registers memory for RDMA). Needed only where the container runtime "
+            "caps the memlock limit; IPC_LOCK is outside Pod Security `baseline`, so the "
+            "namespace must allow `privileged`."
+        ),
+    )
+    automount_service_account_token: bool = Field(
+        default=False,
+        description=(
+            "Mount the ServiceAccount's API token into the pods (the trainer does not use the "
+            "API; default false)."
+        ),
     )
 
 
@@ -953,8 +1118,12 @@ class ResilientTrainingJob(ApiModel):
 
     @property
     def checkpoint_dir(self) -> str:
-        """RTJ_CHECKPOINT_DIR: `<mountPath>/<path>`, where path defaults to the job's name."""
-        sub = self.spec.checkpoint.path or self.name
+        """RTJ_CHECKPOINT_DIR: `<mountPath>/<path>`, where path defaults to
+        `<namespace>/<name>` (scoped to the job; the UID is left out on purpose, so that a job
+        deleted and applied again resumes)."""
+        if self.metadata.namespace is None and self.spec.checkpoint.path is None:
+            raise ValueError("metadata.namespace is not set")
+        sub = self.spec.checkpoint.path or f"{self.metadata.namespace}/{self.name}"
         return f"{self.spec.checkpoint.mount_path.rstrip('/')}/{sub}"
 
     @property

@@ -63,6 +63,9 @@ class ConditionType(StrEnum):
     OBSERVATION_DEGRADED = "ObservationDegraded"
     """A running trainer pod's liveness could not be read for longer than
     heartbeatTimeoutSeconds: its heartbeats are unknown, and no hang is declared for it."""
+    ADMISSION_REFUSED = "AdmissionRefused"
+    """The API server refused to create a child (403: Pod Security admission, an admission
+    policy, a quota); reason `PodSecurity` or `Forbidden`, the message is the server's."""
 
 
 class RankState(StrEnum):
@@ -131,6 +134,12 @@ class Reason(StrEnum):
     CHECKPOINT_STALE = "CheckpointStale"
     CHECKPOINT_CURRENT = "CheckpointCurrent"
     OBSERVATION_DEGRADED = "ObservationDegraded"
+    POD_SECURITY = "PodSecurity"
+    """AdmissionRefused: Pod Security admission refused a pod (the message names the level)."""
+    FORBIDDEN = "Forbidden"
+    """AdmissionRefused: another 403 (an admission policy, a quota, the operator's RBAC)."""
+    ADMITTED = "Admitted"
+    """AdmissionRefused is False: the children were created."""
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -176,7 +185,9 @@ class Condition(ApiModel):
             "checkpoint), `PodsNotStarting` (a pod is Pending with the scheduler's or the "
             "kubelet's reason, which the condition's reason and message carry), "
             "`ObservationDegraded` (a running pod's liveness could not be read for longer than "
-            "`heartbeatTimeoutSeconds`; no hang is declared without its heartbeat)."
+            "`heartbeatTimeoutSeconds`; no hang is declared without its heartbeat), "
+            "`AdmissionRefused` (the API server refused to create a pod or another child: "
+            "reason `PodSecurity` or `Forbidden`, the server's message)."
         )
     )
     status: ConditionStatus = Field(description="`True`, `False`, `Unknown`.")

@@ -63,11 +63,12 @@ from rtj_operator.config import OperatorSettings
 from rtj_operator.decisions import lifecycle, recovery, status
 from rtj_operator.decisions.liveness import find_faults, lost_pods, observe_ranks
 from rtj_operator.decisions.state import Decision, DetectedFault, Memory, _Pass
-from rtj_operator.decisions.status import OPERATOR_ACTIONS, invalid_spec
+from rtj_operator.decisions.status import OPERATOR_ACTIONS, invalid_spec, with_refusals
 from rtj_operator.observed import Observed, RankLiveness
 from rtj_operator.podplan import PodPlan
 
-__all__ = ["OPERATOR_ACTIONS", "Decision", "DetectedFault", "Memory", "decide", "invalid_spec"]
+__all__ = ["OPERATOR_ACTIONS", "Decision", "DetectedFault", "Memory", "decide", "invalid_spec",
+           "with_refusals"]
 
 
 def decide(

@@ -53,6 +53,11 @@ def finished(p: _Pass) -> Decision:
 
 def ensure_services_and_claim(p: _Pass) -> None:
     if not p.observed.headless_service:
+        # The NetworkPolicy goes with the headless Service: the operator lists only pods,
+        # services and claims, so a policy deleted by hand comes back with that Service.
+        if p.settings.network_policy:
+            p.create(builders.network_policy(p.job, plan=p.plan, settings=p.settings),
+                     "ingress only from the job's own pods and the operator")
         p.create(builders.headless_service(p.job, settings=p.settings),
                  "DNS names for the trainer pods")
     if not p.observed.rendezvous_service:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from rtj_operator import naming
-from rtj_operator.api.status import IncidentCause, RankState
+from rtj_operator.api.status import ConditionType, IncidentCause, RankState
 from rtj_operator.decisions.state import DetectedFault, _Pass, from_unix, iso
 from rtj_operator.observed import NodeLiveness, PodView
 
@@ -267,6 +267,8 @@ def _not_starting(p: _Pass, pod: PodView, index: int | None) -> DetectedFault | 
 def find_faults(p: _Pass) -> list[DetectedFault]:
     faults: list[DetectedFault] = []
     pods = p.observed.trainer_pods
+    refused_before = any(c.type == ConditionType.ADMISSION_REFUSED and c.status == "True"
+                         for c in p.prev.conditions)
     for index in range(p.pods):
         pod = pods.get(index)
         state = (p.prev_ranks.get(index).state  # type: ignore[union-attr]
@@ -284,6 +286,8 @@ def find_faults(p: _Pass) -> list[DetectedFault]:
                 faults.append(late)
                 continue
         if pod is None:
+            if state == RankState.PENDING and refused_before:
+                continue  # its create was refused (AdmissionRefused): created again, no fault
             if state in (RankState.STARTING, RankState.RUNNING, RankState.PENDING,
                      RankState.STANDBY):
                 faults.append(DetectedFault(IncidentCause.POD_VANISHED, index, p.now,
@@ -360,6 +364,12 @@ def _liveness_faults(p: _Pass) -> list[DetectedFault]:
     steps = {i: p.ranks[i].step for i in p.active()}
     nodes = [_node_liveness(p, i) for i in p.active()]
     if any(n is None or completed_step(n) is None for n in nodes):
+        return []
+    if any(n is not None and oldest_heartbeat(n) is None for n in nodes):
+        # A rank that answers but has not sent its first heartbeat is still starting (imports,
+        # model, checkpoint load: initialHeartbeatTimeoutSeconds covers that); the step it
+        # shows is no stall. The progress clock starts at the first heartbeats.
+        p.progress_step, p.progress_since = None, None
         return []
     job_step = min(s for s in steps.values() if s is not None)
     if p.progress_step is None or job_step > p.progress_step or p.progress_since is None:

@@ -8,6 +8,8 @@ are what the next pass starts from (see `state.Memory`).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -37,6 +39,7 @@ from rtj_operator.decisions.state import (
     from_unix,
     whole_second,
 )
+from rtj_operator.intents import CreateObject, CreateRefused, PostEvent
 
 OPERATOR_ACTIONS = (RecoveryAction.RANK_RESTART, RecoveryAction.FULL_RESTART,
                     RecoveryAction.SPARE_TAKEOVER, RecoveryAction.SPARE_REPLACE)
@@ -226,6 +229,13 @@ def _conditions(
     previous = {c.type: c for c in p.prev.conditions}
     result = []
     for kind in ConditionType:
+        if kind == ConditionType.ADMISSION_REFUSED:
+            # What the API server answered, not a decision: `with_refusals` sets it after the
+            # actions ran; until then it keeps its value.
+            result.append(previous.get(kind) or Condition(
+                type=kind, status="False", observed_generation=p.job.metadata.generation,
+                last_transition_time=p.now, reason=Reason.ADMITTED))
+            continue
         status: ConditionStatus = "True" if truths.get(kind, False) else "False"
         before = previous.get(kind)
         moved = before is None or before.status != status
@@ -328,6 +338,67 @@ def decision(p: _Pass, status: ResilientTrainingJobStatus) -> Decision:
                     progress_since=p.progress_since, unobserved_since=dict(p.unobserved_since))
     return Decision(actions=p.actions, events=p.events, status=status, incidents=p.opened,
                     memory=memory)
+
+
+REFUSAL_MESSAGE_LIMIT = 4096
+"""Characters of each refusal kept in the condition's message and the Event."""
+
+
+def refusal_condition(refused: Sequence[CreateRefused]) -> tuple[str, str]:
+    """The AdmissionRefused condition's reason and message for this pass's refused creates:
+    `PodSecurity` when Pod Security admission refused one (its message names the level and the
+    violations), else `Forbidden`."""
+    reason = (Reason.POD_SECURITY if any("violates PodSecurity" in r.message for r in refused)
+              else Reason.FORBIDDEN)
+    message = "; ".join(f"{r.kind} {r.name}: {r.message[:REFUSAL_MESSAGE_LIMIT]}"
+                        for r in refused)
+    return reason, message
+
+
+def with_refusals(
+    decided: Decision, refused: Sequence[CreateRefused], now: datetime
+) -> Decision:
+    """The pass's decision once its actions ran: the `AdmissionRefused` condition set from the
+    creates the API server refused (True, with a Warning Event when it appears or its message
+    changes), or cleared (False, a Normal Event) when creates went through or the job no longer
+    wants pods. The rest of the status is the decision's: a refused pod stays Pending and is
+    created again by the next pass (liveness does not count it as vanished)."""
+    conditions = list(decided.status.conditions)
+    index = next((i for i, c in enumerate(conditions)
+                  if c.type == ConditionType.ADMISSION_REFUSED), None)
+    if index is None:
+        return decided
+    current = conditions[index]
+    events = list(decided.events)
+    wants_pods = decided.status.state in (JobState.PENDING, JobState.RUNNING,
+                                          JobState.RECOVERING)
+    created = any(isinstance(a, CreateObject) for a in decided.actions)
+    if refused:
+        reason, message = refusal_condition(refused)
+        if current.status == "True" and current.message == message:
+            return decided
+        conditions[index] = current.model_copy(update={
+            "status": "True", "reason": reason, "message": message[:32768],
+            "observed_generation": decided.status.observed_generation,
+            "last_transition_time": (current.last_transition_time if current.status == "True"
+                                     else whole_second(now)),
+        })
+        events.append(PostEvent("Warning", "AdmissionRefused",
+                                f"The API server refused to create {message}"))
+    elif current.status == "True" and (created or not wants_pods):
+        conditions[index] = current.model_copy(update={
+            "status": "False", "reason": Reason.ADMITTED, "message": "",
+            "observed_generation": decided.status.observed_generation,
+            "last_transition_time": whole_second(now),
+        })
+        if created:
+            events.append(PostEvent("Normal", Reason.ADMITTED,
+                                    "The API server accepted the job's children again"))
+    else:
+        return decided
+    status = decided.status.model_copy(update={"conditions": conditions})
+    return replace(decided, status=status, events=events,
+                   memory=replace(decided.memory, status=status))
 
 
 def invalid_spec(generation: int | None, message: str, now: datetime) -> ResilientTrainingJobStatus:

@@ -9,8 +9,7 @@ The package, in dependency order (each module imports only those before it):
 - `checkpointer`: `Checkpointer`, the adapter the step loop uses (save/poll/load).
 
 Each module's docstring says why it is shaped as it is. The names below are the package's public
-face; `TensorSlot` and `TensorLayout` must stay importable from here because shard headers pickle
-them under this module's name (see `staging`).
+face.
 """
 
 from .checkpointer import Checkpointer, CheckpointStats, LoadedCheckpoint
@@ -24,6 +23,8 @@ from .format import (
     checkpoint_dir_name,
     chunk_tiling_problem,
     digest_ranges,
+    encode_skeleton,
+    job_identity,
     read_manifest,
     read_shard,
     shard_file_name,
@@ -48,6 +49,7 @@ from .store import (
     newest_valid_checkpoint,
     prune,
     read_commit_log,
+    refuse_foreign_checkpoints,
     validation_problems,
 )
 from .writer import write_shard
@@ -71,15 +73,18 @@ __all__ = [
     "commit",
     "committed_checkpoints",
     "digest_ranges",
+    "encode_skeleton",
     "failed_writes",
     "flatten_state",
     "is_abandoned",
+    "job_identity",
     "newest_valid_checkpoint",
     "plan_layout",
     "prune",
     "read_commit_log",
     "read_manifest",
     "read_shard",
+    "refuse_foreign_checkpoints",
     "shard_file_name",
     "shard_record_name",
     "stage_to_host",

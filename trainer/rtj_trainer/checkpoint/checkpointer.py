@@ -37,12 +37,13 @@ import torch
 import torch.distributed as dist
 
 from ..config import CheckpointConfig
-from ..errors import WorldSizeChangedError
+from ..errors import ForeignCheckpointError, WorldSizeChangedError
 from .format import (
     MANIFEST,
     CheckpointError,
     Manifest,
     checkpoint_dir_name,
+    encode_skeleton,
     read_manifest,
     read_shard,
     shard_file_name,
@@ -66,6 +67,7 @@ from .store import (
     failed_writes,
     is_abandoned,
     prune,
+    refuse_foreign_checkpoints,
     refuse_other_world_size,
     validation_problems,
     write_latest_committed_step,
@@ -129,6 +131,8 @@ class Checkpointer:
         world_size: int,
         device: torch.device,
         identity: str,
+        job: str = "",
+        accepted_jobs: tuple[str, ...] = (),
         on_commit: Callable[[Manifest], None] | None = None,
         keepalive: Callable[[], object] | None = None,
     ) -> None:
@@ -138,6 +142,10 @@ class Checkpointer:
         self.world_size = world_size
         self.device = device
         self.identity = identity
+        self.job = job
+        """This job (`format.job_identity`): every manifest it commits names it."""
+        self.accepted_jobs = accepted_jobs
+        """Other jobs whose checkpoints it may resume (`spec.checkpoint.resumeFromJobs`)."""
         self.on_commit = on_commit
         self.keepalive = keepalive
         self._last_keepalive = 0.0
@@ -201,7 +209,8 @@ class Checkpointer:
         """Allocate (and page-lock) the staging buffer for a state shaped like `state` now, so
         that the first save's stall is the copy, not a multi-GB allocation."""
         tensors: list[torch.Tensor] = []
-        flatten_state(state, tensors)
+        # A state that is not plain data fails here, once, not in every writer (format docstring).
+        encode_skeleton(flatten_state(state, tensors))
         self._staging.ensure(plan_layout(tensors)[1], self.device)
 
     def save(self, step: int, state: dict[str, Any]) -> float:
@@ -262,7 +271,8 @@ class Checkpointer:
             manifest_path = pending.directory / MANIFEST
             if self.rank == 0:
                 manifest = commit(pending.directory, step=pending.step,
-                                  world_size=self.world_size, identity=self.identity)
+                                  world_size=self.world_size, identity=self.identity,
+                                  job=self.job)
                 if manifest is None:
                     # A rank whose write failed never leaves a record: give the step up, or it
                     # would block every later commit (they commit in order).
@@ -345,12 +355,16 @@ class Checkpointer:
         names: list[Any] = [[p.name for p in committed_checkpoints(self.root)], None]
         if self.rank == 0:
             try:
+                refuse_foreign_checkpoints(self.root, job=self.job, accepted=self.accepted_jobs)
                 refuse_other_world_size(self.root, world_size=self.world_size)
-            except WorldSizeChangedError as exc:
-                names[1] = str(exc)
+            except (ForeignCheckpointError, WorldSizeChangedError) as exc:
+                names[1] = [type(exc).__name__, str(exc)]
         dist.broadcast_object_list(names, src=0)
         if names[1] is not None:
-            raise WorldSizeChangedError(names[1])
+            kind, message = names[1]
+            if kind == ForeignCheckpointError.__name__:
+                raise ForeignCheckpointError(message)
+            raise WorldSizeChangedError(message)
         if self._local is not None:
             newest_committed = max((step_of(n) or -1 for n in names[0]), default=-1)
             local = self._load_local(newest_committed)
@@ -370,7 +384,17 @@ class Checkpointer:
                 log.warning("not resuming from %s: %s", name, problems or "another rank's shard")
                 continue
             manifest = read_manifest(directory)
-            state = read_shard(directory / shard_file_name(self.rank, self.world_size))
+            try:  # a shard whose header is not plain data (format docstring) is refused here
+                state: dict[str, Any] | None = read_shard(
+                    directory / shard_file_name(self.rank, self.world_size))
+                problem = ""
+            except CheckpointError as exc:
+                state, problem = None, str(exc)
+            if not self._agree(state is not None):
+                rejected.append(problem or f"{name}: another rank could not read its shard")
+                log.warning("not resuming from %s: %s", name, rejected[-1])
+                continue
+            assert state is not None
             self._resumed_from = directory
             return LoadedCheckpoint(directory, manifest, state, tuple(rejected))
         return None

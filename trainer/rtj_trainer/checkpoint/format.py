@@ -2,9 +2,16 @@
 
 Why this shape:
 
-- **A shard is a header plus raw bytes.** A small pickled header (skeleton, tensor layout) is
+- **A shard is a header plus raw bytes.** A small JSON header (skeleton, tensor layout) is
   followed by the raw bytes of the staged buffer, no `torch.save` copy; `read_shard` maps the file
   and returns views into it.
+- **Loading never runs code.** The header is JSON, not a pickle: the skeleton holds plain data
+  only (None, bool, int, float, str, bytes, lists, tuples, sets, dicts, dtypes and tensor slots,
+  each container tagged), and the layout names dtypes from a fixed table. A planted shard can
+  hold wrong numbers, never code (docs/security.md). A state holding anything else cannot be
+  saved (`encode_skeleton` names the key).
+- **The manifest names its job** (`job`: `<namespace>/<name>`), so a reader can refuse another
+  job's checkpoints (rtj_trainer.checkpoint.store.refuse_foreign_checkpoints).
 - **Per-chunk digests.** The writer splits a shard into `WRITE_CHUNK_BYTES` chunks and records a
   sha256 per chunk in the shard record and the manifest, so a resume verifies the chunks in
   parallel too (`digest_ranges`). The chunks must tile the file exactly, so no byte goes unchecked.
@@ -16,10 +23,11 @@ A change of this format is an edit of this file (and `FORMAT_VERSION`).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import math
 import os
-import pickle
 import re
 import struct
 from collections.abc import Sequence
@@ -30,13 +38,14 @@ from typing import Any
 
 import torch
 
-from .staging import TensorLayout, tensor_views, unflatten_state
+from .staging import TensorLayout, TensorSlot, tensor_views, unflatten_state
 
-FORMAT_VERSION = 2
-"""2: raw shard file, per-chunk sha256 (1: one torch.save pickle, one whole-file sha256)."""
+FORMAT_VERSION = 3
+"""3: JSON shard header, the manifest names the job (2: pickled header; 1: one torch.save
+pickle). Older checkpoints are not loaded: resume skips them (their manifest's format)."""
 MANIFEST = "manifest.json"
 _DIR_PATTERN = re.compile(r"^step-(\d{9})\.(.+)$")
-_SHARD_MAGIC = b"RTJSHRD2"
+_SHARD_MAGIC = b"RTJSHRD3"
 _DATA_ALIGN = 4096
 WRITE_CHUNK_BYTES = 256 << 20
 """Unit of hashing and parallel writing: an 11 GB shard is ~45 chunks over the writer threads."""
@@ -121,6 +130,8 @@ class Manifest:
     shards: tuple[ShardRecord, ...]
     committed_at: float
     identity: str
+    job: str = ""
+    """The job that wrote it, `<namespace>/<name>` (`job_identity`); "" outside a cluster."""
     format: int = FORMAT_VERSION
 
     def to_json(self) -> dict[str, Any]:
@@ -130,6 +141,7 @@ class Manifest:
             "world_size": self.world_size,
             "committed_at": self.committed_at,
             "identity": self.identity,
+            "job": self.job,
             "shards": [shard.to_json() for shard in self.shards],
         }
 
@@ -147,6 +159,7 @@ class Manifest:
                 shards=shards,
                 committed_at=float(data["committed_at"]),
                 identity=str(data.get("identity", "")),
+                job=str(data.get("job", "")),
                 format=int(data.get("format", 0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -204,31 +217,155 @@ def checksum_problems(path: Path, shard: ShardRecord) -> list[str]:
             enumerate(zip(shard.chunks, actual, strict=True)) if got != c.sha256]
 
 
+def job_identity(namespace: str, name: str) -> str:
+    """How a manifest names the job that wrote it: `<namespace>/<name>` (the name alone outside
+    a namespace). Not the UID: a job deleted and applied again resumes its own checkpoints."""
+    return f"{namespace}/{name}" if namespace else name
+
+
+_DTYPES: dict[str, torch.dtype] = {
+    str(value).removeprefix("torch."): value
+    for value in vars(torch).values() if isinstance(value, torch.dtype)
+}
+"""The dtypes a shard may name (by name, never through an import)."""
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _dtype(name: Any) -> torch.dtype:
+    if not isinstance(name, str) or name not in _DTYPES:
+        raise CheckpointError(f"unknown dtype {name!r} in a shard header")
+    return _DTYPES[name]
+
+
+def _encode(value: Any, where: str) -> Any:
+    """One skeleton node as JSON; containers and non-JSON scalars are tagged {tag: payload}."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else {"float": repr(value)}
+    if isinstance(value, TensorSlot):
+        return {"tensor": value.index}
+    if isinstance(value, dict):
+        return {"dict": [[_encode(k, f"{where} (a key)"), _encode(v, f"{where}.{k}")]
+                         for k, v in value.items()]}
+    for kind, tag in ((list, "list"), (tuple, "tuple"), (set, "set"), (frozenset, "frozenset")):
+        if isinstance(value, kind):
+            return {tag: [_encode(v, f"{where}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, bytes):
+        return {"bytes": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    raise CheckpointError(
+        f"cannot checkpoint {where or 'the state'}: a {type(value).__module__}."
+        f"{type(value).__qualname__}; a checkpoint holds tensors and plain data only (None, bool, "
+        "int, float, str, bytes, dtypes, and lists, tuples, sets and dicts of them)")
+
+
+def _decode(node: Any) -> Any:
+    if node is None or isinstance(node, bool | str | int | float):
+        return node
+    if not isinstance(node, dict) or len(node) != 1:
+        raise CheckpointError(f"malformed shard header node {str(node)[:80]!r}")
+    ((tag, payload),) = node.items()
+    if tag in ("list", "tuple", "set", "frozenset", "dict") and not isinstance(payload, list):
+        raise CheckpointError(f"malformed shard header: {tag} of {type(payload).__name__}")
+    if tag == "list":
+        return [_decode(v) for v in payload]
+    if tag == "tuple":
+        return tuple(_decode(v) for v in payload)
+    if tag in ("set", "frozenset"):
+        try:
+            items = [_decode(v) for v in payload]
+            return set(items) if tag == "set" else frozenset(items)
+        except TypeError as exc:  # an unhashable member
+            raise CheckpointError(f"malformed shard header: {exc}") from None
+    if tag == "dict":
+        try:
+            return {_decode(k): _decode(v) for k, v in payload}
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"malformed shard header: {exc}") from None
+    if tag == "tensor" and isinstance(payload, int) and not isinstance(payload, bool) \
+            and payload >= 0:
+        return TensorSlot(payload)
+    if tag == "float" and payload in _NONFINITE:
+        return _NONFINITE[payload]
+    if tag == "bytes" and isinstance(payload, str):
+        return base64.b64decode(payload, validate=True)
+    if tag == "dtype":
+        return _dtype(payload)
+    raise CheckpointError(f"malformed shard header node {str(node)[:80]!r}")
+
+
+def encode_skeleton(skeleton: Any) -> Any:
+    """The skeleton as JSON data; raises CheckpointError naming a value that is not plain data
+    (the trainer checks its state with it before the first save, see `Checkpointer.prepare`)."""
+    return _encode(skeleton, "")
+
+
 def encode_header(skeleton: Any, layout: list[TensorLayout], blob_bytes: int) -> bytes:
-    """Magic, pickled (skeleton, layout) and zero padding up to the page-aligned data offset."""
-    meta = pickle.dumps({"format": FORMAT_VERSION, "skeleton": skeleton, "layout": layout,
-                         "blob_bytes": blob_bytes}, protocol=5)
+    """Magic, the JSON header (skeleton, layout) and zero padding up to the page-aligned data
+    offset."""
+    meta = json.dumps({
+        "format": FORMAT_VERSION,
+        "skeleton": encode_skeleton(skeleton),
+        "layout": [[t.offset, t.nbytes, str(t.dtype).removeprefix("torch."), list(t.shape)]
+                   for t in layout],
+        "blob_bytes": blob_bytes,
+    }, allow_nan=False, separators=(",", ":")).encode()
     head = _SHARD_MAGIC + struct.pack("<Q", len(meta)) + meta
     return head + bytes(-len(head) % _DATA_ALIGN)
 
 
+def _reject_constant(name: str) -> Any:
+    raise CheckpointError(f"malformed shard header: {name}")
+
+
+def _decode_layout(entries: Any) -> list[TensorLayout]:
+    try:
+        return [TensorLayout(int(offset), int(nbytes), _dtype(dtype), tuple(int(d) for d in shape))
+                for offset, nbytes, dtype, shape in entries]
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"malformed shard layout: {exc}") from None
+
+
 def read_shard(path: Path) -> Any:
-    """The state saved by `write_shard`; tensors are views of a private memory map of the file."""
+    """The state saved by `write_shard`; tensors are views of a private memory map of the file.
+    Only data is read: the header is JSON (see the module docstring), never unpickled."""
+    size = path.stat().st_size
     with open(path, "rb") as handle:
         head = handle.read(len(_SHARD_MAGIC) + 8)
         if len(head) < len(_SHARD_MAGIC) + 8 or head[: len(_SHARD_MAGIC)] != _SHARD_MAGIC:
             raise CheckpointError(f"{path}: not a format-{FORMAT_VERSION} shard")
         (meta_bytes,) = struct.unpack("<Q", head[len(_SHARD_MAGIC) :])
-        meta = pickle.loads(handle.read(meta_bytes))
-    if meta.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: shard format {meta.get('format')}")
+        if meta_bytes > size:
+            raise CheckpointError(f"{path}: header of {meta_bytes} bytes in a {size}-byte file")
+        try:
+            meta = json.loads(handle.read(meta_bytes), parse_constant=_reject_constant)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{path}: unreadable shard header: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+        got = meta.get("format") if isinstance(meta, dict) else None
+        raise CheckpointError(f"{path}: shard format {got}")
     data_offset = len(head) + meta_bytes
     data_offset += -data_offset % _DATA_ALIGN
-    blob_bytes = int(meta["blob_bytes"])
-    size = path.stat().st_size
+    try:
+        blob_bytes = int(meta["blob_bytes"])
+        layout = _decode_layout(meta["layout"])
+        skeleton = _decode(meta["skeleton"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: malformed shard header: {exc!r}") from None
     if size != data_offset + blob_bytes:
         raise CheckpointError(f"{path}: {size} bytes, expected {data_offset + blob_bytes}")
+    for item in layout:
+        if item.offset < 0 or item.nbytes < 0 or item.offset + item.nbytes > blob_bytes:
+            raise CheckpointError(f"{path}: a tensor at [{item.offset}, +{item.nbytes}) lies "
+                                  f"outside the {blob_bytes}-byte data")
     whole = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
     blob = whole[data_offset:]
-    return unflatten_state(meta["skeleton"], tensor_views(blob, meta["layout"]))
-
+    try:
+        tensors = tensor_views(blob, layout)
+        return unflatten_state(skeleton, tensors)
+    except (IndexError, RuntimeError) as exc:  # a slot past the layout, a shape that misfits
+        raise CheckpointError(f"{path}: shard header does not fit its data: {exc}") from None

@@ -7,9 +7,8 @@ hundreds of tensors) crosses the process boundary, and because it is allocated i
 once and reused, nothing is copied again on the way; on CUDA it is also page-locked
 (`cudaHostRegister`) so the copy runs at DMA speed.
 
-`TensorSlot` and `TensorLayout` are pickled into every shard header, so their pickled name is
-part of the on-disk format: it stays `rtj_trainer.checkpoint.<class>` (where they lived before the
-package was split; the package re-exports them), and shards stay byte-identical.
+The skeleton and layout go into each shard's JSON header (rtj_trainer.checkpoint.format), never
+through pickle.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import torch
 log = logging.getLogger(__name__)
 
 _ALIGN = 64
-_PICKLED_MODULE = "rtj_trainer.checkpoint"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +37,6 @@ class TensorLayout:
     nbytes: int
     dtype: torch.dtype
     shape: tuple[int, ...]
-
-
-TensorSlot.__module__ = TensorLayout.__module__ = _PICKLED_MODULE  # see the module docstring
 
 
 def flatten_state(tree: Any, tensors: list[torch.Tensor]) -> Any:

@@ -5,7 +5,8 @@ writes a shard record (size, chunk digests, its own timings). Rank 0 polls (a fe
 step, no collectives) and, once every rank's record exists, writes `manifest.json` through
 tmp + fsync + rename (`commit`). Only directories with a manifest count. Resume walks committed
 checkpoints newest first and validates each (world size, shard count, sizes, chunk checksums);
-`validation_problems` says why one cannot be used. The last `keep` committed checkpoints are kept
+`validation_problems` says why one cannot be used; another job's checkpoints are refused
+(`refuse_foreign_checkpoints`). The last `keep` committed checkpoints are kept
 (`prune`), and the slow delete runs off the step loop (`BackgroundDeleter`).
 
 Besides the checkpoints, the root holds two files that other programs read:
@@ -22,11 +23,11 @@ import queue
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from ..errors import WorldSizeChangedError
+from ..errors import ForeignCheckpointError, WorldSizeChangedError
 from ..files import write_json_atomic
 from .format import (
     MANIFEST,
@@ -107,6 +108,31 @@ def refuse_other_world_size(root: Path, *, world_size: int) -> None:
         )
 
 
+def refuse_foreign_checkpoints(root: Path, *, job: str, accepted: Collection[str] = ()) -> None:
+    """Raise `ForeignCheckpointError` (fatal) when a committed checkpoint under `root` was written
+    by a job other than `job` and not in `accepted` (`spec.checkpoint.resumeFromJobs`): a job
+    resumes only its own checkpoints unless its spec names the other job on purpose. The record is
+    a guard against two jobs sharing a path by mistake, not a signature (docs/security.md).
+    Manifests that cannot be read are left to validation (they are skipped there)."""
+    foreign: dict[str, list[str]] = {}
+    for ckpt_dir in committed_checkpoints(root):
+        try:
+            owner = read_manifest(ckpt_dir).job
+        except CheckpointError:
+            continue
+        if owner != job and owner not in accepted:
+            foreign.setdefault(owner, []).append(ckpt_dir.name)
+    if foreign:
+        owners = ", ".join(f"{owner or '(no job recorded)'} ({', '.join(names[:3])})"
+                           for owner, names in sorted(foreign.items()))
+        raise ForeignCheckpointError(
+            f"the committed checkpoints in {root} were written by another job: {owners}; this "
+            f"job is {job or '(no job)'}. A job resumes only its own checkpoints: to start from "
+            "another job's on purpose, name it in spec.checkpoint.resumeFromJobs "
+            "(<namespace>/<name>); otherwise give this job its own checkpoint.path"
+        )
+
+
 def newest_valid_checkpoint(
     root: Path, *, world_size: int, verify_checksums: bool = True
 ) -> tuple[Path | None, list[str]]:
@@ -159,8 +185,11 @@ def is_abandoned(ckpt_dir: Path) -> bool:
     return (ckpt_dir / ABANDONED).is_file()
 
 
-def commit(ckpt_dir: Path, *, step: int, world_size: int, identity: str) -> Manifest | None:
-    """Rank 0: write the manifest if every rank's shard record is there; else None."""
+def commit(
+    ckpt_dir: Path, *, step: int, world_size: int, identity: str, job: str = ""
+) -> Manifest | None:
+    """Rank 0: write the manifest (naming `job`, see `format.job_identity`) if every rank's shard
+    record is there; else None."""
     records = []
     for rank in range(world_size):
         path = ckpt_dir / shard_record_name(rank, world_size)
@@ -171,7 +200,7 @@ def commit(ckpt_dir: Path, *, step: int, world_size: int, identity: str) -> Mani
             raise CheckpointError(f"{path} is rank {record.rank}'s record")
         records.append(record)
     manifest = Manifest(step=step, world_size=world_size, shards=tuple(records),
-                        committed_at=time.time(), identity=identity)
+                        committed_at=time.time(), identity=identity, job=job)
     write_json_atomic(ckpt_dir / MANIFEST, manifest.to_json())
     return manifest
 

@@ -1,0 +1,234 @@
+"""Failures the operator handles, proven end to end on the local cluster (issue 11, "Prove it"):
+each test injects one kind of failure into a variant of examples/cpu-tiny.yaml (2 nodes x 2 CPU
+workers) and checks what a user sees: the job's status, the trainers' own summary, and a final
+loss equal, bit for bit, to a fault-free run's (one reference run per step count, shared by the
+tests of a session).
+
+- four worker deaths in a row, more than `launcherMaxRestarts`, stay inside the pods (review C4);
+- the operator SIGKILLed in the middle of a recovery: the recovery completes, counted once;
+- the rendezvous pod lost: a full restart from the last commit;
+- a stalled step is flagged although the operator restarts more often than the progress timeout
+  (review C8).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from e2e.test_operator_jobs import (
+    apply,
+    cpu_tiny,
+    describe,
+    pods_by_role,
+    status,
+    summary,
+    wait_for,
+)
+from harness.cluster import Cluster
+
+if TYPE_CHECKING:
+    from e2e.conftest import OperatorProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+STEPS = 60
+OPERATOR_ACTIONS = ("RankRestart", "FullRestart", "Fail")
+_REFERENCE_LOSS: dict[int, float] = {}
+
+
+def fault_free_loss(cluster: Cluster, ns: str, operator: OperatorProcess,
+                    steps: int = STEPS) -> float:
+    """The final loss of the same job without faults (run once per step count and session)."""
+    if steps not in _REFERENCE_LOSS:
+        name = "plain"
+        # One job at a time: every job's rendezvous store listens on the same port.
+        wait_for("the previous job's rendezvous pod to be gone",
+                 lambda: not pods_by_role(cluster, ns, "rendezvous"), timeout=60)
+        apply(cluster, ns, cpu_tiny(name, steps=steps, faults=None))
+        finish(cluster, ns, name, operator)
+        assert status(cluster, ns, name)["state"] == "Succeeded", describe(
+            cluster, ns, name, operator)
+        _REFERENCE_LOSS[steps] = summary(cluster, ns, f"{name}-0")["final_loss"]
+    return _REFERENCE_LOSS[steps]
+
+
+def finish(cluster: Cluster, ns: str, name: str, operator: OperatorProcess,
+           timeout: float = 300) -> dict[str, Any]:
+    wait_for(f"job {name} to finish", lambda: status(cluster, ns, name).get("state")
+             in ("Succeeded", "Failed"), timeout=timeout, interval=1,
+             context=lambda: describe(cluster, ns, name, operator))
+    return status(cluster, ns, name)
+
+
+def committed(cluster: Cluster, ns: str, name: str, operator: OperatorProcess,
+              step: int) -> dict[str, Any]:
+    return wait_for(f"a committed checkpoint at step {step} or later", lambda: (
+        s if ((s := status(cluster, ns, name)).get("lastCheckpoint") or {}).get("step", 0)
+        >= step else None), timeout=240, interval=0.5,
+        context=lambda: describe(cluster, ns, name, operator))
+
+
+def operator_incidents(final: dict[str, Any]) -> list[dict[str, Any]]:
+    return [i for i in final.get("incidents", []) if i.get("action") in OPERATOR_ACTIONS]
+
+
+def resumed_steps(cluster: Cluster, ns: str, pod: str) -> list[int]:
+    return [int(s) for s in re.findall(r"resumed from \S+ \(step (\d+)\)",
+                                       cluster.pod_log(ns, pod))]
+
+
+@pytest.mark.long
+def test_four_worker_deaths_beyond_launcher_max_restarts_stay_inside_the_pods(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """Review C4: each worker death makes every launcher restart its workers; four of them, one
+    more than `launcherMaxRestarts: 3`, must not exhaust the launchers and escalate to the
+    operator (old code: the fourth makes every launcher exit, a mass PodFailed)."""
+    ns, name = namespace, "ladder"
+    manifest = cpu_tiny(name, steps=STEPS,
+                        faults="12:1:sigkill,22:2:sigkill,32:3:sigkill,42:0:sigkill")
+    ft = manifest["spec"]["faultTolerance"]
+    assert ft["launcherMaxRestarts"] == 3
+    apply(cluster, ns, manifest)
+    before = wait_for("both trainer pods", lambda: (
+        p if len(p := pods_by_role(cluster, ns, "trainer")) == 2 else None),
+        timeout=120, context=lambda: describe(cluster, ns, name, operator))
+    uids = {n: p["metadata"]["uid"] for n, p in before.items()}
+
+    final = finish(cluster, ns, name, operator)
+    context = describe(cluster, ns, name, operator)
+    assert final["state"] == "Succeeded", context
+    assert final["step"] == STEPS
+    done = summary(cluster, ns, f"{name}-0")
+    # The trainers' own count: four launcher restarts, no pod ever replaced.
+    assert done["restarts"]["launcher"] == 4 and not done["restarts"].get("pod"), done
+    assert final["restarts"]["rank"] == 0 and final["restarts"]["full"] == 0, context
+    assert operator_incidents(final) == [], context
+    after = {n: p["metadata"]["uid"] for n, p in pods_by_role(cluster, ns, "trainer").items()}
+    assert after == uids
+    assert done["final_loss"] == fault_free_loss(cluster, ns, operator)
+
+
+def test_an_operator_killed_mid_recovery_completes_it_once(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name = namespace, "orphan"
+    apply(cluster, ns, cpu_tiny(name, steps=STEPS, faults=None))
+    committed(cluster, ns, name, operator, 20)
+    victim = f"/api/v1/namespaces/{ns}/pods/{name}-1"
+    uid = cluster.api.get(victim)["metadata"]["uid"]
+
+    cluster.nodes.kill_pod(ns, f"{name}-1")  # SIGKILL every process of pod 1
+
+    def acted() -> str | None:
+        pod = cluster.api.get_or_none(victim)
+        if pod is None:
+            return "deleted"
+        if pod["metadata"]["uid"] != uid:
+            return "replaced"
+        return "deleting" if pod["metadata"].get("deletionTimestamp") else None
+
+    seen = wait_for("the operator to act on the failed pod", acted, timeout=60, interval=0.05,
+                    context=lambda: describe(cluster, ns, name, operator))
+    operator.kill()  # no shutdown, no last status patch
+    mid = status(cluster, ns, name)
+    operator.start()
+
+    final = finish(cluster, ns, name, operator)
+    context = f"acted: {seen}; status when killed: {mid}\n" + describe(cluster, ns, name, operator)
+    assert final["state"] == "Succeeded", context
+    assert final["step"] == STEPS
+    # One fault, one recovery, counted once: incident, budget record and counter.
+    incidents = operator_incidents(final)
+    assert [(i["action"], i["nodeIndex"]) for i in incidents] == [("RankRestart", 1)], context
+    assert incidents[0]["recoveredTime"], context
+    assert final["restarts"]["rank"] == 1 and final["restarts"]["full"] == 0, context
+    assert len(final["restartRecords"]["rank"]) == 1, context
+    assert not final["restartRecords"].get("full"), context
+    rank1 = next(r for r in final["ranks"] if r["nodeIndex"] == 1)
+    assert rank1["attempt"] == 1, context
+    assert summary(cluster, ns, f"{name}-0")["final_loss"] == fault_free_loss(
+        cluster, ns, operator)
+
+
+@pytest.mark.long
+def test_a_lost_rendezvous_pod_restarts_the_job_from_its_last_commit(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name = namespace, "rdzv"
+    apply(cluster, ns, cpu_tiny(name, steps=STEPS, faults=None))
+    at_kill = committed(cluster, ns, name, operator, 20)["lastCheckpoint"]["step"]
+    trainers = {n: p["metadata"]["uid"] for n, p in pods_by_role(cluster, ns, "trainer").items()}
+
+    cluster.nodes.kill_pod(ns, f"{name}-rdzv")  # SIGKILL the rendezvous store
+
+    final = finish(cluster, ns, name, operator)
+    context = describe(cluster, ns, name, operator)
+    assert final["state"] == "Succeeded", context
+    assert final["step"] == STEPS
+    incidents = operator_incidents(final)
+    assert [(i["cause"], i["action"]) for i in incidents] == [
+        ("RendezvousLost", "FullRestart")], context
+    assert final["restarts"]["full"] == 1 and final["restarts"]["rank"] == 0, context
+    # Every trainer pod was recreated, and the new attempt resumed from the last commit.
+    end = pods_by_role(cluster, ns, "trainer")
+    assert all(end[n]["metadata"]["uid"] != trainers[n] for n in trainers)
+    resumed = resumed_steps(cluster, ns, f"{name}-0")
+    assert resumed and resumed[0] >= at_kill, cluster.pod_log(ns, f"{name}-0")[-3000:]
+    assert summary(cluster, ns, f"{name}-0")["final_loss"] == fault_free_loss(
+        cluster, ns, operator)
+
+
+def test_a_stalled_step_is_flagged_although_the_operator_restarts_faster_than_the_timeout(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """Review C8. Heartbeats flow but the step stands still: every checkpoint write hangs
+    (the trainer's `checkpoint.test_write_delay_seconds`, a storage stall), so at the second
+    save each rank waits for its first write and sends keepalive heartbeats meanwhile. The
+    operator is SIGKILLed and started again more often than `progressTimeoutSeconds`; the
+    stall is flagged all the same (old code: the clock lived in memory and restarted with it)."""
+    ns, name = namespace, "stall"
+    timeout = 20
+    manifest = cpu_tiny(name, steps=10_000, faults=None)
+    manifest["spec"]["args"] += ["--set", "checkpoint.test_write_delay_seconds=100000"]
+    manifest["spec"]["faultTolerance"]["progressTimeoutSeconds"] = timeout
+    apply(cluster, ns, manifest)
+
+    def context() -> str:
+        return describe(cluster, ns, name, operator)
+
+    stalled = wait_for("the job to stall at step 20 with a progress clock", lambda: (
+        s if (s := status(cluster, ns, name)).get("step") == 20
+        and (s.get("progressClock") or {}).get("step") == 20 else None),
+        timeout=240, interval=0.5, context=context)
+    assert all(r["state"] == "Running" for r in stalled["ranks"]), stalled
+
+    def flagged() -> dict[str, Any] | None:
+        return next((i for i in status(cluster, ns, name).get("incidents", [])
+                     if i["cause"] == "ProgressTimeout"), None)
+
+    starts = [time.monotonic()]
+    deadline = starts[0] + 4 * timeout + 30
+    incident = None
+    while incident is None and time.monotonic() < deadline:
+        time.sleep(timeout / 3)
+        incident = flagged()
+        operator.kill()
+        operator.start()
+        starts.append(time.monotonic())
+    incident = incident or flagged()
+    assert incident is not None, (
+        f"no ProgressTimeout in {time.monotonic() - starts[0]:.0f} s "
+        f"({operator.starts} operator starts)\n{context()}")
+    lifetimes = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(lifetimes) >= 2 and max(lifetimes) < timeout, lifetimes
+    assert "step 20 has not advanced" in incident["message"], incident
+    assert incident["action"] == "FullRestart", incident
+    # The stalled pods would take their whole grace period to go: end the job at once.
+    cluster.kubectl("delete", "rtj", name, "-n", ns, "--wait=false")
+    cluster.kubectl("delete", "pods", "-n", ns, "-l", f"training.resilient.dev/job={name}",
+                    "--grace-period=0", "--force", "--wait=false", check=False)
