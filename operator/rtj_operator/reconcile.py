@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -117,12 +117,16 @@ def unmet_expectations(expected: Mapping[str, float], children: observe.Children
 
 
 def expectations_after(actions: list[Any], expected: Mapping[str, float],
-                       now: float) -> dict[str, float]:
-    """The expectations once `actions` were applied at `now` (stale ones dropped)."""
+                       now: float, refused: Iterable[str] = ()) -> dict[str, float]:
+    """The expectations once `actions` were applied at `now` (stale ones dropped); a create the
+    API server `refused` (by name) made nothing for the cache to show."""
     kept = {k: t for k, t in expected.items() if now - t < EXPECTATION_SECONDS}
+    refused_names = set(refused)
     for action in actions:
         if isinstance(action, CreateObject):
-            kept[action.manifest["metadata"]["name"]] = now
+            name = action.manifest["metadata"]["name"]
+            if name not in refused_names:
+                kept[name] = now
         elif isinstance(action, DeletePod):
             kept["-" + action.uid] = now
     return kept
@@ -192,7 +196,8 @@ async def run_pass(
     # A create refused by admission becomes the AdmissionRefused condition, not a retry loop.
     decision = decisions.with_refusals(decision, refused, now_utc())
     memo.memory = decision.memory
-    memo.expected = expectations_after(decision.actions, memo.expected, time.monotonic())
+    memo.expected = expectations_after(decision.actions, memo.expected, time.monotonic(),
+                                       refused=(r.name for r in refused))
     for applied in [*decision.actions, *decision.events]:
         metrics.ACTIONS.labels(action=type(applied).__name__).inc()  # PostEvent counted too
     for incident in decision.incidents:

@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from rtj_operator.naming import pod_endpoint_port
 from rtj_operator.observed import NodeLiveness, PodView, RankLiveness, RankSample
 
 METRIC_PREFIX = "rtj_trainer_"
@@ -117,11 +118,6 @@ def node_liveness_from_json(
             samples[sample.local_rank] = sample
     return NodeLiveness(node_index=node_index, pod_uid=pod_uid,
                         samples=tuple(samples[r] for r in sorted(samples)), expected_ranks=procs)
-
-
-def pod_endpoint_port(base_port: int) -> int:
-    """Port of the pod endpoint: one below the first rank's (rtj_trainer.podmetrics.pod_port)."""
-    return base_port - 1
 
 
 class Scraper:

@@ -127,3 +127,11 @@ def test_a_pass_lists_while_the_watch_cache_lags_behind_its_own_writes() -> None
     assert reconcile.unmet_expectations(expected, lagging) == {"j-1", "-u0"}
     caught_up = ([deleting, {"metadata": {"name": "j-1", "uid": "u1"}}], [], [])
     assert reconcile.unmet_expectations(expected, caught_up) == set()
+
+
+def test_a_create_refused_by_admission_is_not_expected_in_the_watch_cache() -> None:
+    expected = reconcile.expectations_after(
+        [CreateObject({"kind": "Pod", "metadata": {"name": "j-0"}}),
+         CreateObject({"kind": "Pod", "metadata": {"name": "j-1"}})],
+        {}, now=10.0, refused=["j-1"])
+    assert expected == {"j-0": 10.0}  # j-1 was never made: no LIST fallback waits for it
