@@ -5,7 +5,7 @@ heartbeat and progress timeouts.
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from rtj_operator.api.status import IncidentCause, Reason
@@ -14,6 +14,7 @@ from rtj_operator.intents import DeletePod
 from rtj_operator.observed import NodeLiveness, RankSample
 from unit.decisions_builders import (
     T0,
+    Outcome,
     answering,
     beats,
     condition,
@@ -115,6 +116,62 @@ def test_a_pod_that_cannot_be_read_is_never_hung_and_degrades_observation() -> N
     back = then(previous, j, running_world(), now=now, liveness=beats(now, step=3003))
     assert condition(back, "ObservationDegraded")["status"] == "False"
     assert back.of_type(DeletePod) == []
+
+
+def _silent_pods_job(
+    nodes: int, silent: set[int], answering_beat: int, silence: int
+) -> tuple[Outcome, Outcome]:
+    """A job of `nodes` pods that heartbeat at T0+30; from T0+40 on the `silent` pods' endpoints
+    do not answer, and the others answer with a heartbeat at T0+`answering_beat`. Returns the
+    first silent pass and the pass `silence` seconds later."""
+    j = job(nodes=nodes)
+    pods = world(*(trainer(i) for i in range(nodes)), rdzv=rendezvous())
+    one = then(decide(j, pods), j, pods, now=T0 + timedelta(seconds=30),
+               liveness=beats(T0 + timedelta(seconds=30), pods=pods))
+
+    def heard(now: datetime) -> dict[int, NodeLiveness]:
+        live = beats(T0 + timedelta(seconds=answering_beat), pods=pods)
+        return {i: n for i, n in live.items() if i not in silent}
+
+    start = T0 + timedelta(seconds=40)
+    two = then(one, j, pods, now=start, liveness=heard(start))
+    end = start + timedelta(seconds=silence)
+    return two, then(two, j, pods, now=end, liveness=heard(end))
+
+
+@pytest.mark.parametrize(
+    ("nodes", "silent", "answering_beat", "silence", "blamed", "degraded"),
+    [
+        # A minority silent in a stuck job (the others answer, their heartbeats stale): the
+        # silent pods are blamed once silent past 20 + 60 s, never the ones waiting for them.
+        (2, {1}, 30, 81, ["tiny-1"], "False"),
+        (4, {2}, 30, 81, ["tiny-2"], "False"),
+        (4, {0, 3}, 30, 81, ["tiny-0", "tiny-3"], "False"),  # half answer: still a minority
+        # Silent for less: nobody yet, although the answering pods' heartbeats are already
+        # older than 80 s (they only wait for the silent one).
+        (2, {1}, 30, 75, [], "False"),
+        # The others beat: the job trains, the silent pod takes part: the operator only cannot
+        # read it (ObservationDegraded), never a restart.
+        (2, {1}, 40 + 3000, 3000, [], "True"),
+        # Widespread silence (none, or fewer than half, answer): an observation outage.
+        (2, {0, 1}, 30, 3000, [], "True"),
+        (3, {0, 1}, 40 + 3000 - 30, 3000, [], "True"),
+        (4, {0, 1, 2}, 40 + 3000 - 30, 3000, [], "True"),
+    ],
+)
+def test_silence_is_evidence_against_a_minority_of_silent_pods_in_a_stuck_job(
+    nodes: int, silent: set[int], answering_beat: int, silence: int, blamed: list[str],
+    degraded: str
+) -> None:
+    first, last = _silent_pods_job(nodes, silent, answering_beat, silence)
+    assert first.of_type(DeletePod) == []
+    assert sorted(deleted(last)) == blamed
+    assert condition(last, "ObservationDegraded")["status"] == degraded
+    for incident in last.status["incidents"]:
+        assert incident["cause"] == IncidentCause.HEARTBEAT_TIMEOUT
+        assert "stopped answering" in incident["message"]
+    assert len(last.status["incidents"]) == len(blamed)  # one incident per blamed pod
+    assert last.status["restarts"]["full"] == 0
 
 
 def test_a_pod_that_answers_with_a_stale_heartbeat_is_hung_after_silence() -> None:

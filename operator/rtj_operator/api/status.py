@@ -62,7 +62,8 @@ class ConditionType(StrEnum):
     ImagePullBackOff, ...), or past podStartTimeoutSeconds."""
     OBSERVATION_DEGRADED = "ObservationDegraded"
     """A running trainer pod's liveness could not be read for longer than
-    heartbeatTimeoutSeconds: its heartbeats are unknown, and no hang is declared for it."""
+    heartbeatTimeoutSeconds, and the silence is no evidence against it (an outage: fewer than
+    half of the job's running pods answer; or the answering pods beat): no hang is declared."""
     ADMISSION_REFUSED = "AdmissionRefused"
     """The API server refused to create a child (403: Pod Security admission, an admission
     policy, a quota); reason `PodSecurity` or `Forbidden`, the message is the server's."""
@@ -185,7 +186,8 @@ class Condition(ApiModel):
             "checkpoint), `PodsNotStarting` (a pod is Pending with the scheduler's or the "
             "kubelet's reason, which the condition's reason and message carry), "
             "`ObservationDegraded` (a running pod's liveness could not be read for longer than "
-            "`heartbeatTimeoutSeconds`; no hang is declared without its heartbeat), "
+            "`heartbeatTimeoutSeconds` while fewer than half of the job's running pods answer, "
+            "or while the answering ones beat; no hang is declared for it), "
             "`AdmissionRefused` (the API server refused to create a pod or another child: "
             "reason `PodSecurity` or `Forbidden`, the server's message)."
         )
