@@ -458,8 +458,10 @@ def network_policy(
 ) -> Manifest:
     """NetworkPolicy `<job>`: the job's pods accept ingress only from the job's own pods (every
     port: the rendezvous store, the trainers' c10d/gloo/NCCL sockets, metrics) and, on the
-    trainers' metrics ports, from the operator's pods (when the settings name them). Egress is
-    not restricted. Enforced only by a CNI that implements NetworkPolicy (docs/security.md)."""
+    trainers' liveness endpoint and metrics ports (`RTJ_METRICS_PORT - 1` to
+    `RTJ_METRICS_PORT + procsPerNode - 1`), from the operator's pods (when the settings name
+    them). Egress is not restricted. Enforced only by a CNI that implements NetworkPolicy
+    (docs/security.md)."""
     job_pods = {"podSelector": {"matchLabels": {naming.JOB_LABEL: job.name}}}
     ingress: list[Manifest] = [{"from": [job_pods]}]
     operator_labels = label_map(settings.network_policy_operator_labels)
@@ -467,11 +469,10 @@ def network_policy(
         peer: Manifest = {"namespaceSelector": {"matchLabels": {
             NAMESPACE_NAME_LABEL: settings.network_policy_operator_namespace}}}
         peer["podSelector"] = {"matchLabels": operator_labels} if operator_labels else {}
-        first = settings.trainer_metrics_port
-        last = first + plan.procs_per_node - 1
-        port: Manifest = {"protocol": "TCP", "port": first}
-        if last > first:
-            port["endPort"] = last
+        # The pod's liveness endpoint (one below the first rank's port) and every rank's.
+        first = naming.pod_endpoint_port(settings.trainer_metrics_port)
+        last = settings.trainer_metrics_port + plan.procs_per_node - 1
+        port: Manifest = {"protocol": "TCP", "port": first, "endPort": last}
         ingress.append({"from": [peer], "ports": [port]})
     return {
         "apiVersion": "networking.k8s.io/v1",

@@ -36,8 +36,17 @@ class OperatorSettings:
     reconcile_interval_seconds: float = 3.0
     """How often each job is reconciled (level-based), in seconds."""
 
-    scrape_timeout_seconds: float = 1.0
-    """Time limit of one HTTP GET of a trainer rank's /metrics endpoint, in seconds."""
+    scrape_timeout_seconds: float = 2.0
+    """Time limit of one HTTP GET of a trainer pod's liveness endpoint (or, for a trainer image
+    without it, of one rank's /metrics), in seconds; waiting for a free slot does not count."""
+
+    scrape_concurrency: int = 64
+    """Most liveness requests in flight at once, across every job (one shared HTTP client)."""
+
+    status_progress_interval_seconds: float = 10.0
+    """A status change that is only progress (heartbeat times, steps, goodput, the newest
+    checkpoint) is written at most this often per job; anything else (state, conditions,
+    incidents, a rank's state) is written at once."""
 
     api_request_timeout_seconds: float = 30.0
     """Time limit of one Kubernetes API call: a half-open connection must not hold a job's pass
@@ -151,7 +160,7 @@ def _coerce(raw: str, kind: type, variable: str) -> object:
 
 def _check_ranges(settings: OperatorSettings) -> None:
     """Reject values of the right type that still make no sense."""
-    positive = ("reconcile_interval_seconds", "scrape_timeout_seconds",
+    positive = ("reconcile_interval_seconds", "scrape_timeout_seconds", "scrape_concurrency",
                 "rendezvous_join_timeout_seconds", "api_request_timeout_seconds",
                 "stuck_pass_seconds", "lease_duration_seconds", "lease_renew_deadline_seconds",
                 "lease_retry_period_seconds")

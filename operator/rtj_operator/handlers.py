@@ -4,6 +4,10 @@ Each handler is a few lines: it hands the job to `reconcile.run_pass` (observe -
 writes the status with one patch and posts one Event per decision. Reconciliation is level-based:
 a timer runs a pass every `RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS`, and create/update/resume run
 one at once so that a new job or a `suspend` flip does not wait for the timer.
+
+The jobs' children are observed through three kopf indexes (watch caches of every pod, Service
+and claim with the job label, keyed by namespace and job), so a pass lists nothing. A finished
+job with no pods left and no `ttlSecondsAfterFinished` costs nothing: its timer returns at once.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 import kopf
 import kubernetes.client
 
-from rtj_operator import actions, leader, metrics, naming, observe, reconcile
+from rtj_operator import actions, leader, metrics, naming, observe, reconcile, scraping
 from rtj_operator.api import GROUP, PLURAL, VERSION
 from rtj_operator.config import OperatorSettings, settings_from_environment
 from rtj_operator.errors import InvalidJobError
@@ -39,7 +43,47 @@ def stuck_passes(in_flight: dict[str, float], now: float, limit: float) -> list[
     return sorted(job for job, began in in_flight.items() if now - began > limit)
 
 
-async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> None:
+IndexKey = tuple[str | None, str]
+FINISHED = ("Succeeded", "Failed")
+
+
+@kopf.index("pods", labels={naming.JOB_LABEL: kopf.PRESENT})
+def job_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
+             **_: Any) -> dict[IndexKey, dict[str, Any]]:
+    """Watch cache: every labelled pod (the fields the decisions read), by (namespace, job)."""
+    return {(namespace, labels[naming.JOB_LABEL]): observe.slim_pod(body)}
+
+
+@kopf.index("services", labels={naming.JOB_LABEL: kopf.PRESENT})
+def job_services(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
+                 **_: Any) -> dict[IndexKey, dict[str, Any]]:
+    """Watch cache: every labelled Service, by (namespace, job)."""
+    return {(namespace, labels[naming.JOB_LABEL]): observe.slim_object(body)}
+
+
+@kopf.index("persistentvolumeclaims", labels={naming.JOB_LABEL: kopf.PRESENT})
+def job_claims(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
+               **_: Any) -> dict[IndexKey, dict[str, Any]]:
+    """Watch cache: every labelled claim, by (namespace, job)."""
+    return {(namespace, labels[naming.JOB_LABEL]): observe.slim_object(body)}
+
+
+def _indexes(kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The three watch caches kopf hands a handler (as keyword arguments named after them)."""
+    return kwargs["job_pods"], kwargs["job_services"], kwargs["job_claims"]
+
+
+def _cached(index: kopf.Index[IndexKey, dict[str, Any]], key: IndexKey) -> list[dict[str, Any]]:
+    return list(index.get(key, []))
+
+
+def finished_and_idle(state: str | None, pods: int, ttl: object) -> bool:
+    """A finished job with no pod left and no TTL: nothing for a pass to do (C13)."""
+    return state in FINISHED and pods == 0 and ttl is None
+
+
+async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
+                     indexes: tuple[Any, Any, Any]) -> None:
     elector: leader.LeaseElector | None = memo.get("elector")
     if elector is not None and not elector.is_leader():
         # Frozen past the renew deadline: the renewal thread is about to stop the process, and
@@ -50,13 +94,23 @@ async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> Non
         return
     job_memo = _job_memo(memo)
     key = f"{body.metadata.namespace}/{body.metadata.name}"
+    index_key = (body.metadata.namespace, body.metadata.name or "")
+    pods_index, services_index, claims_index = indexes
+    children = (_cached(pods_index, index_key), _cached(services_index, index_key),
+                _cached(claims_index, index_key))
+    remembered = job_memo.memory.status
+    state = remembered.state if remembered is not None else (body.get("status") or {}).get(
+        "state")
+    if finished_and_idle(state, len(children[0]),
+                         (body.get("spec") or {}).get("ttlSecondsAfterFinished")):
+        return
     in_flight: dict[str, float] = memo["health"]["in_flight"]
     async with job_memo.lock:
         in_flight[key] = time.monotonic()
         try:
             result = await reconcile.run_pass(
                 body=body, memo=job_memo, api=memo["api"], settings=SETTINGS,
-                node_cache=memo["nodes"],
+                scraper=memo["scraper"], node_cache=memo["nodes"], children=children,
             )
         except InvalidJobError as error:  # permanent: write why, never retry
             metrics.RECONCILE_PASSES.labels(outcome="invalid").inc()
@@ -102,8 +156,18 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo["api"] = kubernetes.client.ApiClient()
     # One node list for every job (kopf copies the memo per object, shallowly).
     memo["nodes"] = observe.NodeCache()
+    # One HTTP client for every job's liveness reads.
+    memo["scraper"] = scraping.Scraper(concurrency=SETTINGS.scrape_concurrency,
+                                       timeout_seconds=SETTINGS.scrape_timeout_seconds)
     # A mutable record shared by every job's memo (kopf copies the memo per object, shallowly).
     memo["health"] = {"last_pass_monotonic": time.monotonic(), "in_flight": {}}
+
+
+@kopf.on.cleanup()
+async def close_clients(memo: kopf.Memo, **_: Any) -> None:
+    scraper: scraping.Scraper | None = memo.get("scraper")
+    if scraper is not None:
+        await scraper.close()
 
 
 @kopf.on.probe(id="seconds_since_last_pass")
@@ -127,20 +191,20 @@ def no_stuck_pass(memo: kopf.Memo, **_: Any) -> int:
 
 @kopf.timer(*RESOURCE, id="reconcile", interval=SETTINGS.reconcile_interval_seconds)
 async def reconcile_periodically(
-    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any
 ) -> None:
     """The level-based loop: every interval, observe everything and converge."""
-    await _reconcile(body, patch, memo)
+    await _reconcile(body, patch, memo, _indexes(kwargs))
 
 
 @kopf.on.create(*RESOURCE, id="reconcile-on-create")
 @kopf.on.resume(*RESOURCE, id="reconcile-on-resume")
 @kopf.on.update(*RESOURCE, id="reconcile-on-update", field="spec")
 async def reconcile_now(
-    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any
 ) -> None:
     """A new job, a changed spec or a restarted operator: converge now, not at the next tick."""
-    await _reconcile(body, patch, memo)
+    await _reconcile(body, patch, memo, _indexes(kwargs))
 
 
 @kopf.on.delete(*RESOURCE, id="cleanup", optional=True)

@@ -1,9 +1,11 @@
-"""Read a job's children from the API server into an `Observed` record.
+"""Read a job's children into an `Observed` record.
 
-Three list calls by the job label (pods, services, claims) per pass; the kubernetes client is
-synchronous, so the calls run in a worker thread and never block kopf's event loop. The pure
-half, turning API objects into views, is separate (`pod_view`, `node_view`, `observed_from`) and
-unit-tested.
+The operator keeps watch caches of every labelled pod, Service and claim (kopf indexes in
+handlers.py, fed by one watch per kind, holding only the fields the decisions read:
+`slim_pod`, `slim_object`), so a pass makes no API call to observe. Without them (`children`
+None) a pass lists the three kinds by the job label, in a worker thread (the kubernetes client
+is synchronous). The pure half, turning API objects into views, is separate (`pod_view`,
+`node_view`, `observed_from`) and unit-tested.
 
 Nodes are read once for every job: `NodeCache` holds the readiness of every node from one LIST
 (served from the API server's watch cache, `resourceVersion=0`), refreshed at most every
@@ -163,6 +165,40 @@ def observed_from(
     )
 
 
+Children = tuple[Iterable[Mapping[str, Any]], Iterable[Mapping[str, Any]],
+                 Iterable[Mapping[str, Any]]]
+"""A job's pods, Services and claims (JSON dicts, camelCase), from the watch caches."""
+
+
+def _pick(source: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    return {key: source[key] for key in keys if source.get(key) is not None}
+
+
+def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a pod that `pod_view` reads (what the watch cache keeps of each pod)."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    return {
+        "metadata": _pick(meta, ("name", "uid", "labels", "deletionTimestamp",
+                                 "creationTimestamp")),
+        "spec": _pick(pod.get("spec") or {}, ("nodeName",)),
+        "status": {
+            **_pick(status, ("phase", "reason", "podIP", "startTime")),
+            "conditions": [c for c in status.get("conditions") or []
+                           if c.get("type") == "PodScheduled"],
+            "containerStatuses": [
+                _pick(c, ("name", "state")) for c in status.get("containerStatuses") or []
+                if c.get("name") in (naming.TRAINER_CONTAINER, naming.RENDEZVOUS_CONTAINER)],
+        },
+    }
+
+
+def slim_object(item: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a Service or claim that `observed_from` reads."""
+    return {"metadata": _pick(item.get("metadata") or {}, ("name", "ownerReferences")),
+            "status": _pick(item.get("status") or {}, ("phase",))}
+
+
 def _as_json(api: kubernetes.client.ApiClient, items: Iterable[Any]) -> list[dict[str, Any]]:
     sanitize: Any = api.sanitize_for_serialization  # untyped in the client's stubs
     return [sanitize(item) for item in items]
@@ -242,12 +278,16 @@ class NodeCache:
 
 async def observe(
     api: kubernetes.client.ApiClient, *, namespace: str, job_name: str, job_uid: str,
-    timeout: float, node_cache: NodeCache | None = None,
+    timeout: float, node_cache: NodeCache | None = None, children: Children | None = None,
 ) -> Observed:
-    """Read the job's children now (each API call bounded by `timeout` seconds), and their
-    nodes' readiness from `node_cache` when one is given."""
-    pods, services, claims = await asyncio.to_thread(
-        _read_children, api, namespace, job_name, timeout)
+    """The job's children from the watch caches (`children`), else read now (each API call
+    bounded by `timeout` seconds), and their nodes' readiness from `node_cache` when one is
+    given."""
+    if children is not None:
+        pods, services, claims = children
+    else:
+        pods, services, claims = await asyncio.to_thread(
+            _read_children, api, namespace, job_name, timeout)
     nodes = None
     if node_cache is not None:
         nodes = await node_cache.nodes(lambda: _list_nodes(api, timeout))

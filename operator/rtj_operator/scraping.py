@@ -1,20 +1,31 @@
-"""Scrape every trainer rank's Prometheus endpoint into `RankLiveness`.
+"""Read every running trainer pod's liveness into `RankLiveness`.
 
-Each rank serves `GET http://<pod IP>:<RTJ_METRICS_PORT + local rank>/metrics` (metric names in
-docs/design.md). All ranks of all running pods are scraped concurrently with a short timeout; a
-rank that does not answer is simply missing from its node's samples (the decisions treat a
-missing rank as "no news", and a long silence as a hang). Parsing is a pure function
-(`rank_sample_from_text`) with its own unit tests.
+One request per pod: the launcher shim serves `GET /ranks` on `<pod IP>:<RTJ_METRICS_PORT - 1>`,
+every local rank's heartbeat, step and counters as one JSON document (rtj_trainer.podmetrics,
+docs/design.md). A pod whose endpoint refuses the connection (a trainer image without it) is read
+the old way, one `GET /metrics` per rank (`RTJ_METRICS_PORT + local rank`), and counts only when
+every rank answered.
+
+One `Scraper` serves the whole operator: one long-lived HTTP client, at most
+`RTJ_OPERATOR_SCRAPE_CONCURRENCY` requests in flight across every job, each bounded by
+`RTJ_OPERATOR_SCRAPE_TIMEOUT_SECONDS` (the wait for a free slot does not count). A pod that does
+not answer is simply missing from the result: "could not observe" is never "hung" (the decisions
+declare a hang only on a stale heartbeat from a pod that answered, and raise
+`ObservationDegraded` for a pod that stays silent). Parsing is pure (`rank_sample_from_text`,
+`node_liveness_from_json`) and unit-tested.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from rtj_operator.naming import pod_endpoint_port
 from rtj_operator.observed import NodeLiveness, PodView, RankLiveness, RankSample
 
 METRIC_PREFIX = "rtj_trainer_"
@@ -60,52 +71,134 @@ def rank_sample_from_text(text: str, *, local_rank: int) -> RankSample:
     )
 
 
-async def _scrape_rank(
-    session: aiohttp.ClientSession, url: str, local_rank: int
-) -> RankSample | None:
-    try:
-        async with session.get(url) as response:
-            if response.status != 200:
-                return None
-            text = await response.text()
-    except (aiohttp.ClientError, TimeoutError, OSError):
-        return None
-    try:
-        return rank_sample_from_text(text, local_rank=local_rank)
-    except ValueError:
-        return None
+def _number(record: Mapping[str, Any], key: str) -> float | None:
+    value = record.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-async def _scrape_node(
-    session: aiohttp.ClientSession, pod: PodView, *, base_port: int, procs: int
-) -> NodeLiveness:
-    assert pod.node_index is not None and pod.pod_ip is not None
-    results = await asyncio.gather(*(
-        _scrape_rank(session, f"http://{pod.pod_ip}:{base_port + r}/metrics", r)
-        for r in range(procs)
-    ))
-    return NodeLiveness(
-        node_index=pod.node_index,
-        pod_uid=pod.uid,
-        samples=tuple(s for s in results if s is not None),
-        expected_ranks=procs,
+def rank_sample_from_record(record: Mapping[str, Any]) -> RankSample:
+    """A RankSample from one entry of a pod's `GET /ranks` document."""
+    local_rank = record.get("localRank")
+    if not isinstance(local_rank, int) or isinstance(local_rank, bool) or local_rank < 0:
+        raise ValueError(f"ranks[].localRank: expected an integer >= 0, got {local_rank!r}")
+    rank = record.get("rank")
+    heartbeat = _number(record, "heartbeat")
+    step = _number(record, "step")
+    committed = _number(record, "committedStep")
+    restarts = record.get("restarts") or {}
+    return RankSample(
+        local_rank=local_rank,
+        rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+        heartbeat=heartbeat if heartbeat else None,
+        step=int(step) if step is not None else None,
+        committed_step=int(committed) if committed is not None and committed >= 0 else None,
+        committed_time=_number(record, "committedTime") or None,
+        goodput_ratio=_number(record, "goodputRatio"),
+        restarts={str(k): int(v) for k, v in restarts.items()
+                  if isinstance(v, int | float)} if isinstance(restarts, dict) else {},
+        standby=record.get("standby") is True,
     )
 
 
-async def scrape(
-    pods: Iterable[PodView], *, base_port: int, procs: int, timeout_seconds: float
-) -> RankLiveness:
-    """Scrape every rank of every running trainer pod that has an IP."""
-    targets = [
-        pod for pod in pods
-        if pod.phase == "Running" and not pod.deleting and pod.pod_ip
-        and pod.node_index is not None
-    ]
-    if not targets:
-        return {}
-    timeout = aiohttp.ClientTimeout(total=timeout_seconds)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+def node_liveness_from_json(
+    text: str | bytes, *, node_index: int, pod_uid: str, procs: int
+) -> NodeLiveness:
+    """A pod's `GET /ranks` document as its NodeLiveness (ranks that never answered are not in
+    it: the pod is then incomplete). Raises ValueError for a document of another shape."""
+    document = json.loads(text)
+    ranks = document.get("ranks") if isinstance(document, dict) else None
+    if not isinstance(ranks, list):
+        raise ValueError("expected a JSON object with a `ranks` list")
+    samples = {}
+    for record in ranks:
+        if not isinstance(record, dict):
+            raise ValueError("ranks[]: expected objects")
+        sample = rank_sample_from_record(record)
+        if sample.local_rank < procs:
+            samples[sample.local_rank] = sample
+    return NodeLiveness(node_index=node_index, pod_uid=pod_uid,
+                        samples=tuple(samples[r] for r in sorted(samples)), expected_ranks=procs)
+
+
+class Scraper:
+    """The operator's one HTTP client for the trainers: a long-lived session (created on first
+    use, inside the event loop) and a bound on requests in flight across every job."""
+
+    def __init__(self, *, concurrency: int, timeout_seconds: float) -> None:
+        self.concurrency = concurrency
+        self.timeout_seconds = timeout_seconds
+        self._session: aiohttp.ClientSession | None = None
+        self._slots: asyncio.Semaphore | None = None
+
+    def _client(self) -> tuple[aiohttp.ClientSession, asyncio.Semaphore]:
+        if self._session is None or self._session.closed or self._slots is None:
+            connector = aiohttp.TCPConnector(limit=self.concurrency, limit_per_host=0,
+                                             keepalive_timeout=30)
+            self._session = aiohttp.ClientSession(connector=connector)
+            self._slots = asyncio.Semaphore(self.concurrency)
+        return self._session, self._slots
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _get(self, url: str) -> tuple[int | None, bytes]:
+        """(HTTP status, body); status None when refused, 0 on any other failure."""
+        session, slots = self._client()
+        async with slots:
+            try:
+                async with session.get(
+                    url, timeout=aiohttp.ClientTimeout(total=self.timeout_seconds)
+                ) as response:
+                    return response.status, await response.read()
+            except aiohttp.ClientConnectorError as error:
+                refused = isinstance(error.os_error, ConnectionRefusedError)
+                return (None if refused else 0), b""
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                return 0, b""
+
+    async def _per_rank(self, pod: PodView, base_port: int, procs: int) -> NodeLiveness | None:
+        assert pod.node_index is not None
+        pages = await asyncio.gather(*(
+            self._get(f"http://{pod.pod_ip}:{base_port + r}/metrics") for r in range(procs)))
+        samples = []
+        for local_rank, (status, body) in enumerate(pages):
+            if status != 200:
+                return None  # a rank that did not answer: the pod is not observed this time
+            try:
+                samples.append(rank_sample_from_text(body.decode(), local_rank=local_rank))
+            except ValueError:
+                return None
+        return NodeLiveness(node_index=pod.node_index, pod_uid=pod.uid, samples=tuple(samples),
+                            expected_ranks=procs)
+
+    async def scrape_pod(self, pod: PodView, *, base_port: int, procs: int) -> NodeLiveness | None:
+        """One pod's liveness, or None when it could not be observed."""
+        assert pod.node_index is not None
+        status, body = await self._get(
+            f"http://{pod.pod_ip}:{pod_endpoint_port(base_port)}/ranks")
+        if status is None:  # no pod endpoint (an older trainer image): one GET per rank
+            return await self._per_rank(pod, base_port, procs)
+        if status != 200:
+            return None
+        try:
+            return node_liveness_from_json(body, node_index=pod.node_index, pod_uid=pod.uid,
+                                           procs=procs)
+        except ValueError:
+            return None
+
+    async def scrape(
+        self, pods: Iterable[PodView], *, base_port: int, procs: int
+    ) -> RankLiveness:
+        """Every running trainer pod that has an IP and answered, by node index."""
+        targets = [
+            pod for pod in pods
+            if pod.phase == "Running" and not pod.deleting and pod.pod_ip
+            and pod.node_index is not None
+        ]
+        if not targets:
+            return {}
         nodes = await asyncio.gather(*(
-            _scrape_node(session, pod, base_port=base_port, procs=procs) for pod in targets
-        ))
-    return {node.node_index: node for node in nodes}
+            self.scrape_pod(pod, base_port=base_port, procs=procs) for pod in targets))
+        return {node.node_index: node for node in nodes if node is not None}

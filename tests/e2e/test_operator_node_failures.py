@@ -175,10 +175,6 @@ def test_a_pod_deleted_while_its_node_is_partitioned_is_replaced(
 
 
 @pytest.mark.long
-@pytest.mark.xfail(strict=True, reason=(
-    "known defect found by this test: the healthy pod's heartbeats stop too (its workers wait "
-    "in the collective, then its launcher waits in the rendezvous), so both pods time out in "
-    "the same pass: FullRestart, and the healthy node is excluded as well"))
 def test_a_node_whose_pod_hung_is_excluded_and_the_pod_replaced_elsewhere(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:

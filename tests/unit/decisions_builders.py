@@ -134,6 +134,13 @@ def beats(at: datetime, step: int = 10, *, pods: Observed | None = None,
     return result
 
 
+def answering(observed: Observed | None = None) -> dict[int, NodeLiveness]:
+    """Every pod's liveness endpoint answered, but none of its ranks has answered it yet."""
+    observed = observed or running_world()
+    return {index: NodeLiveness(node_index=index, pod_uid=pod.uid, samples=(), expected_ranks=2)
+            for index, pod in observed.trainer_pods.items()}
+
+
 def decide(j: Any, observed: Observed, *, now: datetime = T0, liveness: Any = None,
            memory: d.Memory | None = None) -> Outcome:
     decision = Outcome(d.decide(job=j, plan=plan_for(j, SETTINGS), observed=observed,

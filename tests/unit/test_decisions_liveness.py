@@ -5,7 +5,7 @@ heartbeat and progress timeouts.
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from rtj_operator.api.status import IncidentCause, Reason
@@ -14,6 +14,8 @@ from rtj_operator.intents import DeletePod
 from rtj_operator.observed import NodeLiveness, RankSample
 from unit.decisions_builders import (
     T0,
+    Outcome,
+    answering,
     beats,
     condition,
     decide,
@@ -91,22 +93,139 @@ def test_a_stale_heartbeat_within_the_launcher_grace_is_left_to_ft_launcher() ->
     assert two.status["nodes"] == "1/2"
 
 
-def test_an_unreachable_rank_keeps_its_last_heartbeat_and_times_out() -> None:
+def test_a_pod_that_cannot_be_read_is_never_hung_and_degrades_observation() -> None:
+    # "Could not observe" is not "hung": node 0's endpoint stops answering (an overloaded
+    # operator, a slow network). No restart however long; after heartbeatTimeoutSeconds (20 s)
+    # of silence the job says so in ObservationDegraded (and one Warning Event).
+    j = job()
+    one = running(j)  # heartbeats at T0+30
+    passes = []
+    previous = one
+    for seconds in (40, 55, 300, 3000):
+        now = T0 + timedelta(seconds=seconds)
+        live = {1: beats(now, step=seconds)[1]}  # node 1 answers and trains on
+        previous = then(previous, j, running_world(), now=now, liveness=live)
+        passes.append(previous)
+    assert all(p.of_type(DeletePod) == [] for p in passes)
+    assert [condition(p, "ObservationDegraded")["status"] for p in passes] == [
+        "False", "False", "True", "True"]
+    assert "tiny-0" in condition(passes[2], "ObservationDegraded")["message"]
+    assert [events(p).count("ObservationDegraded") for p in passes] == [0, 0, 1, 0]
+    # It answers again: the condition clears.
+    now = T0 + timedelta(seconds=3003)
+    back = then(previous, j, running_world(), now=now, liveness=beats(now, step=3003))
+    assert condition(back, "ObservationDegraded")["status"] == "False"
+    assert back.of_type(DeletePod) == []
+
+
+def _silent_pods_job(
+    nodes: int, silent: set[int], answering_beat: int, silence: int
+) -> tuple[Outcome, Outcome]:
+    """A job of `nodes` pods that heartbeat at T0+30; from T0+40 on the `silent` pods' endpoints
+    do not answer, and the others answer with a heartbeat at T0+`answering_beat`. Returns the
+    first silent pass and the pass `silence` seconds later."""
+    j = job(nodes=nodes)
+    pods = world(*(trainer(i) for i in range(nodes)), rdzv=rendezvous())
+    one = then(decide(j, pods), j, pods, now=T0 + timedelta(seconds=30),
+               liveness=beats(T0 + timedelta(seconds=30), pods=pods))
+
+    def heard(now: datetime) -> dict[int, NodeLiveness]:
+        live = beats(T0 + timedelta(seconds=answering_beat), pods=pods)
+        return {i: n for i, n in live.items() if i not in silent}
+
+    start = T0 + timedelta(seconds=40)
+    two = then(one, j, pods, now=start, liveness=heard(start))
+    end = start + timedelta(seconds=silence)
+    return two, then(two, j, pods, now=end, liveness=heard(end))
+
+
+@pytest.mark.parametrize(
+    ("nodes", "silent", "answering_beat", "silence", "blamed", "degraded"),
+    [
+        # A minority silent in a stuck job (the others answer, their heartbeats stale): the
+        # silent pods are blamed once silent past 20 + 60 s, never the ones waiting for them.
+        (2, {1}, 30, 81, ["tiny-1"], "False"),
+        (4, {2}, 30, 81, ["tiny-2"], "False"),
+        (4, {0, 3}, 30, 81, ["tiny-0", "tiny-3"], "False"),  # half answer: still a minority
+        # Silent for less: nobody yet, although the answering pods' heartbeats are already
+        # older than 80 s (they only wait for the silent one).
+        (2, {1}, 30, 75, [], "False"),
+        # The others beat: the job trains, the silent pod takes part: the operator only cannot
+        # read it (ObservationDegraded), never a restart.
+        (2, {1}, 40 + 3000, 3000, [], "True"),
+        # Widespread silence (none, or fewer than half, answer): an observation outage.
+        (2, {0, 1}, 30, 3000, [], "True"),
+        (3, {0, 1}, 40 + 3000 - 30, 3000, [], "True"),
+        (4, {0, 1, 2}, 40 + 3000 - 30, 3000, [], "True"),
+    ],
+)
+def test_silence_is_evidence_against_a_minority_of_silent_pods_in_a_stuck_job(
+    nodes: int, silent: set[int], answering_beat: int, silence: int, blamed: list[str],
+    degraded: str
+) -> None:
+    first, last = _silent_pods_job(nodes, silent, answering_beat, silence)
+    assert first.of_type(DeletePod) == []
+    assert sorted(deleted(last)) == blamed
+    assert condition(last, "ObservationDegraded")["status"] == degraded
+    for incident in last.status["incidents"]:
+        assert incident["cause"] == IncidentCause.HEARTBEAT_TIMEOUT
+        assert "stopped answering" in incident["message"]
+    assert len(last.status["incidents"]) == len(blamed)  # one incident per blamed pod
+    assert last.status["restarts"]["full"] == 0
+
+
+def test_a_pod_that_answers_with_a_stale_heartbeat_is_hung_after_silence() -> None:
+    # The evidence that counts: the pod answers, its rank's own heartbeat is old. A silence
+    # before it does not hide the hang once the pod answers again.
     j = job()
     one = running(j)
+    two = then(one, j, running_world(), now=T0 + timedelta(seconds=100),
+               liveness={1: beats(T0 + timedelta(seconds=100))[1]})
+    assert two.of_type(DeletePod) == []
     now = T0 + timedelta(seconds=30 + 81)
     live = beats(now)
-    del live[0]  # node 0's endpoints do not answer any more
-    two = then(one, j, running_world(), now=now, liveness=live)
-    assert deleted(two) == ["tiny-0"]
+    live[0] = beats(T0 + timedelta(seconds=30))[0]  # node 0 answers: its heartbeat is at +30
+    three = then(two, j, running_world(), now=now, liveness=live)
+    assert deleted(three) == ["tiny-0"]
+
+
+@pytest.mark.parametrize(
+    ("answered", "beat_age", "hung"),
+    [
+        # answered?  heartbeat age (s; None: never beat)  declared hung?
+        (True, 10, False),     # fresh
+        (True, 70, False),     # stale, within heartbeatTimeout + initialHeartbeatTimeout (80)
+        (True, 81, True),      # stale past both: evidence
+        (True, None, True),    # answers, no rank ever beat, 81 s after the pods started
+        (False, 81, False),    # silent with an old heartbeat: no evidence
+        (False, None, False),  # silent and never beat: no evidence
+    ],
+)
+def test_a_hang_is_declared_only_on_evidence(
+    answered: bool, beat_age: int | None, hung: bool
+) -> None:
+    j = job()
+    first = decide(j, world())
+    now = T0 + timedelta(seconds=81)
+    live = beats(now)
+    if beat_age is not None:
+        live[1] = beats(now - timedelta(seconds=beat_age))[1]
+    else:
+        live[1] = answering()[1]
+    if not answered:
+        del live[1]
+    second = then(first, j, running_world(), now=now, liveness=live)
+    assert (deleted(second) == ["tiny-1"]) is hung
+    assert all(d.name == "tiny-1" for d in second.of_type(DeletePod))
 
 
 def test_a_pod_that_never_heartbeats_times_out_after_start() -> None:
+    # Its endpoint answers (the launcher runs) but no rank ever sent a heartbeat.
     j = job()
     first = decide(j, world())
-    two = then(first, j, running_world(), now=T0 + timedelta(seconds=79))
+    two = then(first, j, running_world(), now=T0 + timedelta(seconds=79), liveness=answering())
     assert two.of_type(DeletePod) == []
-    three = then(two, j, running_world(), now=T0 + timedelta(seconds=81))
+    three = then(two, j, running_world(), now=T0 + timedelta(seconds=81), liveness=answering())
     assert sorted(deleted(three)) == ["tiny-0", "tiny-1", "tiny-rdzv"]  # both: a full restart
 
 

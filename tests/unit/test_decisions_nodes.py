@@ -15,6 +15,7 @@ from unit.decisions_builders import (
     LOST_NODE,
     T0,
     Outcome,
+    answering,
     beats,
     condition,
     decide,
@@ -189,7 +190,8 @@ def test_a_pods_heartbeat_clock_starts_at_its_own_start_or_the_last_recovery() -
     assert deletes(two) == []
     assert [r["state"] for r in two.status["ranks"]] == ["Running", "Starting"]
     after = new_start + timedelta(seconds=81)
-    three = then(two, j, observed, now=after, liveness={0: beats(after)[0]})
+    three = then(two, j, observed, now=after,
+                 liveness={0: beats(after)[0], 1: answering(observed)[1]})
     assert deleted(three) == ["tiny-1"]
 
 

@@ -379,7 +379,7 @@ def test_the_network_policy_admits_the_jobs_pods_everywhere_and_the_operator_to_
             "kubernetes.io/metadata.name": "rtj-system"}},
                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rtj-operator",
                                                    "app.kubernetes.io/instance": "rtj"}}}],
-         "ports": [{"protocol": "TCP", "port": 9400, "endPort": 9407}]},  # 8 ranks per pod
+         "ports": [{"protocol": "TCP", "port": 9399, "endPort": 9407}]},  # pod endpoint, 8 ranks
     ]
 
 

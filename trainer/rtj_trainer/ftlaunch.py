@@ -29,6 +29,11 @@ group: the worker's checkpoint writer must outlive the signal), and waits up to 
 for them to commit a checkpoint of their current step and exit (rtj_trainer.stop); whatever is
 left then gets ft_launcher's own SIGTERM and SIGKILL. Stopping workers to restart them after a
 fault is unchanged (SIGTERM: they die at once).
+
+**The pod's liveness endpoint.** The shim also serves `GET /ranks` on
+RTJ_METRICS_HOST:(RTJ_METRICS_PORT - 1): every local rank's heartbeat, step and counters in one
+small JSON document (rtj_trainer.podmetrics), so the operator reads one endpoint per pod, not
+one per rank.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import termination
+from . import podmetrics, termination
 from .stop import PEER_STOPPED_EXIT_CODE, STOP_SIGNAL
 
 STOP_REASON = "trainer_non_retryable_exit"
@@ -229,6 +234,7 @@ def install(options: ShimOptions) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options, rest = split_argv(sys.argv[1:] if argv is None else argv)
+    podmetrics.start_from_environment(os.environ, rest)
     install(options)
     from nvidia_resiliency_ext.fault_tolerance import launcher
 

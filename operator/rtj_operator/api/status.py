@@ -25,6 +25,9 @@ MAX_INCIDENTS = 20
 """status.incidents keeps the last MAX_INCIDENTS incidents."""
 MAX_CONDITIONS = 16
 MAX_EXCLUDED_NODES = 32
+RANKS_DETAIL_LIMIT = 64
+"""Above this many trainer pods, the status written to the API lists only the ranks that are
+not Running (`compact_ranks`): a 1,000-node job does not rewrite 1,000 entries."""
 """status.excludedNodes keeps the newest MAX_EXCLUDED_NODES nodes."""
 
 
@@ -57,6 +60,10 @@ class ConditionType(StrEnum):
     PODS_NOT_STARTING = "PodsNotStarting"
     """A pod is Pending with a reason from the scheduler or the kubelet (Unschedulable,
     ImagePullBackOff, ...), or past podStartTimeoutSeconds."""
+    OBSERVATION_DEGRADED = "ObservationDegraded"
+    """A running trainer pod's liveness could not be read for longer than
+    heartbeatTimeoutSeconds, and the silence is no evidence against it (an outage: fewer than
+    half of the job's running pods answer; or the answering pods beat): no hang is declared."""
     ADMISSION_REFUSED = "AdmissionRefused"
     """The API server refused to create a child (403: Pod Security admission, an admission
     policy, a quota); reason `PodSecurity` or `Forbidden`, the message is the server's."""
@@ -127,6 +134,7 @@ class Reason(StrEnum):
     INVALID = "InvalidSpec"
     CHECKPOINT_STALE = "CheckpointStale"
     CHECKPOINT_CURRENT = "CheckpointCurrent"
+    OBSERVATION_DEGRADED = "ObservationDegraded"
     POD_SECURITY = "PodSecurity"
     """AdmissionRefused: Pod Security admission refused a pod (the message names the level)."""
     FORBIDDEN = "Forbidden"
@@ -177,6 +185,9 @@ class Condition(ApiModel):
             "`checkpoint.staleAfterIntervals` x `intervalSteps` past the newest committed "
             "checkpoint), `PodsNotStarting` (a pod is Pending with the scheduler's or the "
             "kubelet's reason, which the condition's reason and message carry), "
+            "`ObservationDegraded` (a running pod's liveness could not be read for longer than "
+            "`heartbeatTimeoutSeconds` while fewer than half of the job's running pods answer, "
+            "or while the answering ones beat; no hang is declared for it), "
             "`AdmissionRefused` (the API server refused to create a pod or another child: "
             "reason `PodSecurity` or `Forbidden`, the server's message)."
         )
@@ -366,9 +377,19 @@ class ResilientTrainingJobStatus(ApiModel):
     spares: SpareStatus | None = Field(
         default=None, description="Warm spares: wanted, ready, replacements waiting."
     )
+    rank_counts: dict[str, int] | None = Field(
+        default=None,
+        description=(
+            "Trainer pods by the state of their workers (`ranks[].state`), every pod counted."
+        ),
+        json_schema_extra={"maxProperties": 16},
+    )
     ranks: list[RankStatus] = Field(
         default_factory=list,
-        description="One entry per node index.",
+        description=(
+            f"One entry per node index; a job of more than {RANKS_DETAIL_LIMIT} trainer pods "
+            "lists only the pods that are not `Running` (`rankCounts` counts them all)."
+        ),
         max_length=MAX_NODES,
         json_schema_extra={
             "x-kubernetes-list-type": "map",
@@ -410,3 +431,11 @@ class ResilientTrainingJobStatus(ApiModel):
     message: str | None = Field(
         default=None, description="The current state explained in a sentence.", max_length=32768
     )
+
+
+def compact_ranks(ranks: list[RankStatus]) -> list[RankStatus]:
+    """`ranks` as the API stores them: every entry up to RANKS_DETAIL_LIMIT pods, else only the
+    entries whose state is not Running (the operator keeps the full list in memory)."""
+    if len(ranks) <= RANKS_DETAIL_LIMIT:
+        return ranks
+    return [rank for rank in ranks if rank.state != RankState.RUNNING]

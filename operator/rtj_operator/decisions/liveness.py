@@ -18,6 +18,21 @@ heartbeat timeouts (their launchers wait for it in the rendezvous), and that dea
 wait (`_starting_peer`). The job-wide progress timeout (`_clock_start`) still needs every active
 pod and the rendezvous pod Running: the slowest step means nothing while a pod is missing.
 
+A hang is declared only on evidence (`silence`, `_liveness_faults`):
+- a pod that answers, with its ranks' heartbeat stale (or none of them ever sent one);
+- a SILENT pod (its endpoint did not answer: a frozen or wedged host whose kubelet still
+  reports Ready) that stays silent for `heartbeatTimeoutSeconds +
+  initialHeartbeatTimeoutSeconds` while it is a minority of the job's running pods (at least
+  half of them answer) and some answering pod's heartbeat is stale too (the job is stuck: the
+  answering pods' workers wait for it in the collective). Then only the silent pods are blamed,
+  never the answering ones waiting for them; while such a silence is younger than that, no
+  answering pod is blamed for a stale heartbeat either.
+Widespread silence (none, or fewer than half, of the job's running pods answer) is an
+observation outage, not evidence: no hang is declared for a silent pod, and after
+heartbeatTimeoutSeconds of it the job gets the `ObservationDegraded` condition
+(`degraded_observation`); so does a minority of silent pods while every answering pod beats (the
+job trains, so the silent pods take part in it: only the operator cannot read them).
+
 The whole hang policy lives here, including how one pod's ranks add up (`oldest_heartbeat`,
 `completed_step`: only a pod whose every local rank answered counts); `observed.py` holds only what
 was scraped. What the operator does about a fault is `recovery.py`.
@@ -25,6 +40,7 @@ was scraped. What the operator does about a fault is `recovery.py`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from rtj_operator import naming
@@ -199,6 +215,81 @@ def observe_ranks(p: _Pass) -> None:
         beat = p.ranks[index].last_heartbeat_time
         if clock is not None and beat is not None and beat >= clock and _fresh(p, beat):
             p.rank(index, state=RankState.RUNNING)
+        pod = p.observed.trainer_pods.get(index)
+        if clock is not None and pod is not None and _node_liveness(p, index) is None:
+            p.unobserved_since[pod.uid] = p.memory.unobserved_since.get(pod.uid, p.now)
+
+
+@dataclass(frozen=True)
+class Silence:
+    """Which of the job's pods that could hang (running, their clocks counting) answered in
+    this pass and which stayed silent, and what their silence means."""
+
+    silent: tuple[int, ...]
+    """Node indexes of the pods whose endpoint did not answer."""
+    answering: tuple[int, ...]
+    outage: bool
+    """None, or fewer than half, of the pods answered: the operator cannot see the job (its
+    network, its load, the API server): silence is no evidence against any pod."""
+    stuck: bool
+    """Some answering pod's heartbeat is stale (older than heartbeatTimeoutSeconds, or none
+    since its clock started): the job does not train."""
+
+    @property
+    def evidence(self) -> bool:
+        """Whether the silent pods are the suspects: a minority of silent pods in a stuck job
+        (the answering pods' workers wait for theirs)."""
+        return bool(self.silent) and not self.outage and self.stuck
+
+
+def silence(p: _Pass) -> Silence:
+    """Sort the job's pods that could hang in this pass into silent and answering ones."""
+    starting = _starting_peer(p)
+    silent: list[int] = []
+    answering: list[int] = []
+    stuck = False
+    for index in p.active():
+        clock = _pod_clock(p, index)
+        if clock is None or (starting is not None and starting != index):
+            continue
+        if _node_liveness(p, index) is None:
+            silent.append(index)
+            continue
+        answering.append(index)
+        beat = p.ranks[index].last_heartbeat_time
+        if beat is None or beat < clock or not _fresh(p, beat):
+            stuck = True
+    outage = not answering or 2 * len(answering) < len(silent) + len(answering)
+    return Silence(tuple(silent), tuple(answering), outage, stuck)
+
+
+def _silent_for(p: _Pass, index: int) -> timedelta:
+    """How long the pod has been silent, counted from its clock at the earliest."""
+    pod = p.observed.trainer_pods[index]
+    clock = _pod_clock(p, index)
+    since = p.unobserved_since.get(pod.uid, p.now)
+    if clock is not None and clock > since:
+        since = clock
+    return p.now - since
+
+
+def degraded_observation(p: _Pass) -> str | None:
+    """Why observation is degraded: running pods whose liveness could not be read for longer
+    than heartbeatTimeoutSeconds, when that silence is no evidence against them (`Silence`:
+    an outage, or a job that trains on without them being read); None when every pod could
+    be read recently, or the silent pods are the suspects of a stuck job."""
+    if silence(p).evidence:
+        return None
+    limit = timedelta(seconds=p.spec.fault_tolerance.heartbeat_timeout_seconds)
+    names = {pod.uid: pod.name for pod in p.observed.trainer_pods.values()}
+    silent = sorted(names[uid] for uid, since in p.unobserved_since.items()
+                    if p.now - since >= limit and uid in names)
+    if not silent:
+        return None
+    shown = ", ".join(silent[:5]) + (f" and {len(silent) - 5} more" if len(silent) > 5 else "")
+    return (f"the liveness of {len(silent)} running pod(s) could not be read for over "
+            f"heartbeatTimeoutSeconds={p.spec.fault_tolerance.heartbeat_timeout_seconds} s: "
+            f"{shown}; a pod is declared hung only on its own stale heartbeat")
 
 
 def _fresh(p: _Pass, beat: datetime) -> bool:
@@ -311,10 +402,31 @@ def _liveness_faults(p: _Pass) -> list[DetectedFault]:
         seconds=ft.heartbeat_timeout_seconds + ft.initial_heartbeat_timeout_seconds
     )
     faults: list[DetectedFault] = []
-    starting = _starting_peer(p)
-    for index in p.active():
+    heard = silence(p)
+    if heard.evidence:
+        # A minority of silent pods in a stuck job: the silent ones are the suspects, once
+        # their silence outlasts both timeouts; the answering ones wait for them meanwhile.
+        for index in heard.silent:
+            quiet = _silent_for(p, index)
+            if quiet > hang_after:
+                pod = p.observed.trainer_pods[index]
+                faults.append(DetectedFault(
+                    IncidentCause.HEARTBEAT_TIMEOUT, index, p.now,
+                    f"no heartbeat from pod {pod.name}: it stopped answering "
+                    f"{int(quiet.total_seconds())} s ago while "
+                    f"{len(heard.answering)} of the job's "
+                    f"{len(heard.answering) + len(heard.silent)} running pods answer, with "
+                    f"stale heartbeats (their workers wait for it) "
+                    f"(heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds = "
+                    f"{int(hang_after.total_seconds())} s)",
+                    node=pod.node_name,
+                ))
+        return faults
+    # Without silent suspects: each answering pod on its own heartbeat. A silent pod is not
+    # observed in this pass: no evidence either way (an outage, or a job that trains on).
+    for index in heard.answering:
         clock = _pod_clock(p, index)
-        if clock is None or (starting is not None and starting != index):
+        if clock is None:
             continue
         beat = p.ranks[index].last_heartbeat_time
         evidence = beat if beat is not None and beat >= clock else clock

@@ -7,7 +7,8 @@ Every rule module takes the one `_Pass` of the call (`p`) and records into it; o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -38,6 +39,9 @@ class Memory:
     """The job's step (slowest rank) when last seen advancing."""
     progress_since: datetime | None = None
     """When the job's step last advanced."""
+    unobserved_since: Mapping[str, datetime] = field(default_factory=dict)
+    """Running trainer pods (by UID) whose liveness could not be read, since when (the
+    `ObservationDegraded` condition)."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,9 @@ class _Pass:
         deletion is a force delete (liveness.lost_pods)."""
         self.excluded: list[ExcludedNode] = list(self.prev.excluded_nodes or [])
         """Nodes new trainer pods avoid (status.excludedNodes)."""
+        self.unobserved_since: dict[str, datetime] = {}
+        """Running pods (by UID) that should send heartbeats but could not be observed, since
+        when (liveness.observe_ranks); never evidence of a hang."""
         self.not_starting: list[tuple[str, str, str]] = []
         """Pods that do not start: (pod, reason, message), for the PodsNotStarting condition."""
 

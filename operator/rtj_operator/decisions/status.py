@@ -30,6 +30,7 @@ from rtj_operator.api.status import (
     RestartRecords,
     SpareStatus,
 )
+from rtj_operator.decisions.liveness import degraded_observation
 from rtj_operator.decisions.state import (
     Decision,
     DetectedFault,
@@ -124,12 +125,21 @@ def running(p: _Pass, start_time: datetime) -> Decision:
         message = "Creating and starting the pods."
     if state != p.prev.state:
         p.event("Normal", state, message)
+    degraded = degraded_observation(p)
+    was_degraded = any(c.type == ConditionType.OBSERVATION_DEGRADED and c.status == "True"
+                       for c in p.prev.conditions)
+    details = _not_starting_detail(p)
+    if degraded is not None:
+        details[ConditionType.OBSERVATION_DEGRADED] = (Reason.OBSERVATION_DEGRADED, degraded)
+        if not was_degraded:
+            p.event("Warning", Reason.OBSERVATION_DEGRADED, f"Observation degraded: {degraded}")
     written = build(
         p, state=state, reason=reason, message=message,
         conditions={ConditionType.RUNNING: all_ready, ConditionType.READY: all_ready,
                     ConditionType.RECOVERING: recovering,
-                    ConditionType.PODS_NOT_STARTING: bool(p.not_starting)},
-        start_time=start_time, ready_nodes=ready, details=_not_starting_detail(p),
+                    ConditionType.PODS_NOT_STARTING: bool(p.not_starting),
+                    ConditionType.OBSERVATION_DEGRADED: degraded is not None},
+        start_time=start_time, ready_nodes=ready, details=details,
     )
     return decision(p, written)
 
@@ -282,6 +292,7 @@ def build(
         "nodes": f"{ready_nodes}/{p.spec.nodes}",
         "restarts": restarts,
         "ranks": [p.ranks[i] for i in range(p.pods)],
+        "rank_counts": _rank_counts(p),
         "incidents": _bounded(p.incidents),
         **progress,
     }
@@ -312,9 +323,19 @@ def build(
     return ResilientTrainingJobStatus(**fields)
 
 
+def _rank_counts(p: _Pass) -> dict[str, int]:
+    """How many trainer pods are in each rank state (a pod without a state yet: `Unknown`)."""
+    counts: dict[str, int] = {}
+    for index in range(p.pods):
+        state = p.ranks[index].state
+        key = str(state) if state is not None else "Unknown"
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 def decision(p: _Pass, status: ResilientTrainingJobStatus) -> Decision:
     memory = Memory(status=status, progress_step=p.progress_step,
-                    progress_since=p.progress_since)
+                    progress_since=p.progress_since, unobserved_since=dict(p.unobserved_since))
     return Decision(actions=p.actions, events=p.events, status=status, incidents=p.opened,
                     memory=memory)
 

@@ -1,0 +1,137 @@
+"""The operator at scale: the pod liveness document, the watch-cache slimming, the compact
+ranks and the status-write rule, the idle finished job."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from prometheus_client.exposition import generate_latest
+from rtj_operator import handlers, observe, reconcile
+from rtj_operator.api.status import RankStatus, compact_ranks
+from rtj_operator.intents import CreateObject, DeletePod
+from rtj_operator.scraping import node_liveness_from_json
+from rtj_trainer.metrics import Snapshot, TrainerMetrics
+from rtj_trainer.podmetrics import PodRanks, procs_from_argv, rank_record
+
+pytestmark = pytest.mark.unit
+
+
+def _page(rank: int, local_rank: int, **values: Any) -> str:
+    metrics = TrainerMetrics(rank=rank, local_rank=local_rank, job="j", attempt=0)
+    snapshot = Snapshot(**values)
+    metrics.watch(lambda: snapshot)
+    return generate_latest(metrics.registry).decode()
+
+
+def test_the_operator_reads_back_what_a_pod_endpoint_serves() -> None:
+    pages = {
+        "http://h:9400/metrics": _page(6, 0, heartbeat_timestamp=1.7e9, step=42,
+                                       checkpoint_committed_step=40,
+                                       checkpoint_committed_timestamp=1.69e9),
+        "http://h:9401/metrics": _page(7, 1, heartbeat_timestamp=1.7e9 + 1, step=43),
+    }
+    ranks = PodRanks(host="h", metrics_port=9400, procs=2, fetch=pages.get)
+    document = json.dumps(ranks.read())
+    node = node_liveness_from_json(document, node_index=3, pod_uid="u", procs=2)
+    assert node.complete and node.pod_uid == "u" and node.node_index == 3
+    first, second = node.samples
+    assert (first.rank, first.heartbeat, first.step, first.committed_step) == (6, 1.7e9, 42, 40)
+    assert (second.rank, second.local_rank, second.step, second.committed_step) == (7, 1, 43, None)
+
+
+def test_a_rank_that_stops_answering_keeps_its_last_heartbeat_one_never_seen_is_missing() -> None:
+    pages: dict[str, str] = {"http://h:9400/metrics": _page(0, 0, heartbeat_timestamp=100.0)}
+    ranks = PodRanks(host="h", metrics_port=9400, procs=2, fetch=pages.get)
+    ranks.read()
+    pages.clear()  # rank 0's worker died; rank 1 never answered
+    document = ranks.read()
+    assert document == {"ranks": [{**rank_record(_page(0, 0, heartbeat_timestamp=100.0), 0),
+                                    "answered": False}]}
+    node = node_liveness_from_json(json.dumps(document), node_index=0, pod_uid="u", procs=2)
+    assert not node.complete and node.samples[0].heartbeat == 100.0
+
+
+@pytest.mark.parametrize("text", ["[]", '{"ranks": 3}', '{"ranks": [{"localRank": -1}]}',
+                                  "not json"])
+def test_a_pod_document_of_another_shape_is_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        node_liveness_from_json(text, node_index=0, pod_uid="u", procs=8)
+
+
+def test_the_worker_count_is_read_from_the_launcher_arguments() -> None:
+    assert procs_from_argv(["--nnodes=2", "--nproc-per-node=8", "--no-python", "x"]) == 8
+    assert procs_from_argv(["--nproc-per-node", "4"]) == 4
+    assert procs_from_argv(["--nnodes=2"]) is None
+
+
+def test_the_watch_cache_keeps_what_the_decisions_read() -> None:
+    pod = {
+        "metadata": {"name": "j-0", "uid": "u", "labels": {"training.resilient.dev/job": "j",
+                                                          "training.resilient.dev/role": "trainer",
+                                                          "training.resilient.dev/node-index": "0"},
+                     "creationTimestamp": "2026-01-01T00:00:00Z", "managedFields": [{"x": 1}],
+                     "annotations": {"big": "x" * 1000}},
+        "spec": {"nodeName": "n", "containers": [{"name": "trainer", "env": ["..."] * 50}]},
+        "status": {"phase": "Running", "podIP": "10.0.0.1", "startTime": "2026-01-01T00:00:01Z",
+                   "conditions": [{"type": "PodScheduled", "status": "True"},
+                                  {"type": "Ready", "status": "True"}],
+                   "containerStatuses": [{"name": "trainer", "image": "i", "state": {
+                       "running": {"startedAt": "2026-01-01T00:00:02Z"}}}]},
+    }
+    slim = observe.slim_pod(pod)
+    assert observe.pod_view(slim) == observe.pod_view(pod)
+    assert len(json.dumps(slim)) < len(json.dumps(pod)) / 3
+
+
+def test_a_large_job_writes_only_the_ranks_that_are_not_running() -> None:
+    small = [RankStatus(node_index=i, state="Running") for i in range(64)]
+    assert compact_ranks(small) == small
+    large = [RankStatus(node_index=i, state="Running" if i != 7 else "Restarting")
+             for i in range(1000)]
+    assert [r.node_index for r in compact_ranks(large)] == [7]
+
+
+def test_progress_alone_is_not_a_meaningful_status_change() -> None:
+    current = {"state": "Running", "step": 10,
+               "ranks": [{"nodeIndex": 0, "state": "Running", "step": 10,
+                          "lastHeartbeatTime": "2026-01-01T00:00:00Z"}]}
+    progress = {"step": 11, "ranks": [{"nodeIndex": 0, "state": "Running", "step": 11,
+                                       "lastHeartbeatTime": "2026-01-01T00:00:03Z"}]}
+    assert reconcile.only_progress(current, progress)
+    state = {"ranks": [{"nodeIndex": 0, "state": "Restarting", "step": 11}]}
+    assert not reconcile.only_progress(current, state)
+    assert not reconcile.only_progress(current, {"state": "Recovering"})
+
+
+@pytest.mark.parametrize(
+    ("state", "pods", "ttl", "idle"),
+    [("Succeeded", 0, None, True), ("Failed", 0, None, True), ("Failed", 1, None, False),
+     ("Succeeded", 0, 60, False), ("Running", 0, None, False), (None, 0, None, False)],
+)
+def test_a_finished_job_without_pods_or_ttl_costs_no_pass(
+    state: str | None, pods: int, ttl: int | None, idle: bool
+) -> None:
+    assert handlers.finished_and_idle(state, pods, ttl) is idle
+
+
+def test_a_pass_lists_while_the_watch_cache_lags_behind_its_own_writes() -> None:
+    pod = {"metadata": {"name": "j-0", "uid": "u0"}}
+    deleting = {"metadata": {"name": "j-0", "uid": "u0", "deletionTimestamp": "x"}}
+    expected = reconcile.expectations_after(
+        [CreateObject({"kind": "Pod", "metadata": {"name": "j-1"}}), DeletePod("j-0", "u0")],
+        {"old": 0.0}, now=500.0)
+    assert expected == {"j-1": 500.0, "-u0": 500.0}  # "old" outlived EXPECTATION_SECONDS
+    lagging = ([pod], [], [])
+    assert reconcile.unmet_expectations(expected, lagging) == {"j-1", "-u0"}
+    caught_up = ([deleting, {"metadata": {"name": "j-1", "uid": "u1"}}], [], [])
+    assert reconcile.unmet_expectations(expected, caught_up) == set()
+
+
+def test_a_create_refused_by_admission_is_not_expected_in_the_watch_cache() -> None:
+    expected = reconcile.expectations_after(
+        [CreateObject({"kind": "Pod", "metadata": {"name": "j-0"}}),
+         CreateObject({"kind": "Pod", "metadata": {"name": "j-1"}})],
+        {}, now=10.0, refused=["j-1"])
+    assert expected == {"j-0": 10.0}  # j-1 was never made: no LIST fallback waits for it

@@ -1,0 +1,170 @@
+"""One endpoint per pod that reports every local rank: what the operator scrapes at scale.
+
+Each rank serves its own Prometheus endpoint (`rtj_trainer.metrics`, port RTJ_METRICS_PORT +
+local rank). Scraping 8,000 of those every few seconds from one operator does not scale (docs/
+benchmarks.md, "Scale"), so the launcher shim (`rtj_trainer.ftlaunch`), one per pod, also serves
+`GET /ranks` on RTJ_METRICS_HOST:(RTJ_METRICS_PORT - 1) (`pod_port`): on each request it reads
+its local ranks' endpoints over loopback (in parallel, a short timeout) and answers one small
+JSON document:
+
+    {"ranks": [{"localRank": 0, "rank": 0, "heartbeat": 1.7e9, "step": 42, "committedStep": 40,
+                "committedTime": 1.7e9, "goodputRatio": 0.9, "restarts": {"launcher": 0, ...},
+                "standby": false, "answered": true}, ...]}
+
+A rank is listed once it has answered at least once; when it stops answering (its worker died
+or is being restarted by ft_launcher) the last values it gave are kept with `"answered": false`,
+so its heartbeat goes stale: the operator then has evidence (the pod answers, the rank's own
+heartbeat is old) instead of silence. A rank that never answered is not listed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.request
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+PREFIX = "rtj_trainer_"
+PATH = "/ranks"
+LOCAL_TIMEOUT_SECONDS = 0.5
+log = logging.getLogger("rtj_trainer.podmetrics")
+
+
+def pod_port(metrics_port: int) -> int:
+    """The pod endpoint's port: one below the first rank's (0: off)."""
+    return metrics_port - 1 if metrics_port > 1 else 0
+
+
+def rank_record(text: str, local_rank: int) -> dict[str, Any]:
+    """One rank's /metrics page (Prometheus text) as the pod endpoint's record of it."""
+    values: dict[str, float] = {}
+    restarts: dict[str, int] = {}
+    rank: int | None = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith(PREFIX):
+                continue
+            name = sample.name[len(PREFIX):]
+            if rank is None and "rank" in sample.labels:
+                try:
+                    rank = int(sample.labels["rank"])
+                except ValueError:
+                    rank = None
+            if name == "restarts_total":
+                restarts[sample.labels.get("kind", "")] = int(sample.value)
+            elif name not in values:
+                values[name] = float(sample.value)
+    record: dict[str, Any] = {"localRank": local_rank, "rank": rank, "restarts": restarts,
+                              "standby": values.get("standby", 0.0) >= 1.0, "answered": True}
+    for key, name in (("heartbeat", "heartbeat_timestamp_seconds"), ("step", "step"),
+                      ("committedStep", "checkpoint_committed_step"),
+                      ("committedTime", "checkpoint_committed_timestamp_seconds"),
+                      ("goodputRatio", "goodput_ratio")):
+        if name in values:
+            record[key] = values[name]
+    return record
+
+
+def _fetch(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=LOCAL_TIMEOUT_SECONDS) as response:
+            text: str = response.read().decode()
+            return text
+    except (OSError, ValueError):
+        return None
+
+
+class PodRanks:
+    """The pod's view of its local ranks: the last record of each rank that ever answered."""
+
+    def __init__(self, *, host: str, metrics_port: int, procs: int,
+                 fetch: Callable[[str], str | None] = _fetch) -> None:
+        self.urls = [f"http://{host}:{metrics_port + r}/metrics" for r in range(procs)]
+        self._fetch = fetch
+        self._last: dict[int, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=max(1, procs), thread_name_prefix="podranks")
+
+    def read(self) -> dict[str, Any]:
+        """Read every local rank now; the document `GET /ranks` answers."""
+        texts = list(self._pool.map(self._fetch, self.urls))
+        with self._lock:
+            for local_rank, text in enumerate(texts):
+                record = None
+                if text is not None:
+                    try:
+                        record = rank_record(text, local_rank)
+                    except ValueError:
+                        record = None
+                if record is not None:
+                    self._last[local_rank] = record
+                elif local_rank in self._last:
+                    self._last[local_rank] = {**self._last[local_rank], "answered": False}
+            return {"ranks": [self._last[r] for r in sorted(self._last)]}
+
+
+def serve(ranks: PodRanks, host: str, port: int) -> ThreadingHTTPServer:
+    """Serve `GET /ranks` on host:port in a daemon thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] != PATH:
+                self.send_error(404)
+                return
+            body = json.dumps(ranks.read()).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="podranks-http", daemon=True).start()
+    return server
+
+
+def procs_from_argv(argv: list[str]) -> int | None:
+    """ft_launcher's `--nproc-per-node` (`=N` or `N` after it), if given."""
+    for n, arg in enumerate(argv):
+        for flag in ("--nproc-per-node", "--nproc_per_node"):
+            if arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+            elif arg == flag and n + 1 < len(argv):
+                value = argv[n + 1]
+            else:
+                continue
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def start_from_environment(env: Mapping[str, str], argv: list[str]) -> ThreadingHTTPServer | None:
+    """Start the pod endpoint when the pod has RTJ_METRICS_HOST/RTJ_METRICS_PORT (the operator
+    sets both) and the launcher's worker count is known; None otherwise. Never fails the
+    launcher: a port in use is logged."""
+    host = env.get("RTJ_METRICS_HOST", "")
+    try:
+        base = int(env.get("RTJ_METRICS_PORT", "0"))
+    except ValueError:
+        return None
+    procs = procs_from_argv(argv)
+    port = pod_port(base)
+    if not host or not port or not procs:
+        return None
+    try:
+        return serve(PodRanks(host=host, metrics_port=base, procs=procs), host, port)
+    except OSError as error:
+        log.error("cannot serve the pod endpoint on %s:%s: %s", host, port, error)
+        return None
