@@ -200,11 +200,12 @@ def test_a_killed_trainer_pod_is_replaced_alone_and_the_job_succeeds(
 
 
 def checkpoint_dir(cluster: Cluster, ns: str, claim: str, job_name: str) -> Path:
-    """The job's checkpoint directory on this machine (the harness's PVs are hostPath)."""
+    """The job's checkpoint directory on this machine (the harness's PVs are hostPath; the
+    default `checkpoint.path` is `<namespace>/<name>`)."""
     volume = cluster.kubectl("get", "pvc", claim, "-n", ns, "-o",
                              "jsonpath={.spec.volumeName}").stdout.strip()
     host = cluster.kubectl("get", "pv", volume, "-o", "jsonpath={.spec.hostPath.path}").stdout
-    return Path(host.strip()) / job_name
+    return Path(host.strip()) / ns / job_name
 
 
 def test_suspend_commits_the_current_step_and_resume_continues_from_it(
