@@ -62,11 +62,9 @@ from .common import (
     write_json,
 )
 from .localrun import StepRecord, read_fault_times, read_losses
+from .operator_recovery import EXAMPLE, GROUP_PATH
 
 sys.path.insert(0, str(REPO_ROOT / "tests"))
-
-EXAMPLE = REPO_ROOT / "examples" / "cpu-tiny.yaml"
-GROUP_PATH = "/apis/training.resilient.dev/v1alpha1"
 TRAINER_KINDS = ("exception", "sigkill", "hang")
 """Faults the trainer injects itself (TRAINER_FAULTS); the others the campaign injects."""
 KINDS = (*TRAINER_KINDS, "pod-kill", "node-partition", "rendezvous-kill", "operator-kill",
