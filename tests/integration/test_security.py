@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 from harness.cluster import Cluster
-from rtj_operator import builders, reconcile
+from rtj_operator import builders, reconcile, scraping
 from rtj_operator.api.models import parse_job
 from rtj_operator.config import OperatorSettings
 from rtj_operator.podplan import plan_for
@@ -144,8 +144,11 @@ def test_a_refused_create_becomes_the_admission_refused_condition(
     cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(document))
     body = json.loads(cluster.kubectl("get", "rtj", "refused", "-n", namespace, "-o",
                                       "json").stdout)
+    scraper = scraping.Scraper(concurrency=SETTINGS.scrape_concurrency,
+                               timeout_seconds=SETTINGS.scrape_timeout_seconds)
     result = asyncio.run(reconcile.run_pass(
-        body=body, memo=reconcile.JobMemo(), api=cluster.api_client(), settings=SETTINGS))
+        body=body, memo=reconcile.JobMemo(), api=cluster.api_client(), settings=SETTINGS,
+        scraper=scraper))
     refused = next(c for c in result.status_patch["conditions"]
                    if c["type"] == "AdmissionRefused")
     assert refused["status"] == "True" and refused["reason"] == "PodSecurity"
