@@ -217,3 +217,18 @@ def load_settings(environ: Mapping[str, str] | None = None) -> OperatorSettings:
 def settings_from_environment() -> OperatorSettings:
     """The process's settings, parsed once (the handlers need the interval at import time)."""
     return load_settings()
+
+
+def pinned_to_services(settings: OperatorSettings, service_ports: Mapping[str, int]
+                       ) -> OperatorSettings:
+    """`settings` with the job's ports taken from its existing Services (`rendezvous`, `metrics`
+    by port name). A job keeps the ports it was created with: when the operator restarts with
+    another `RTJ_OPERATOR_RENDEZVOUS_PORT` or `..._TRAINER_METRICS_PORT`, a replacement pod must
+    still join the rendezvous pod that runs on the old port, and the scraper must still read the
+    old pods. A job without Services yet gets the settings' ports."""
+    rendezvous = service_ports.get("rendezvous", settings.rendezvous_port)
+    metrics = service_ports.get("metrics", settings.trainer_metrics_port)
+    if (rendezvous, metrics) == (settings.rendezvous_port, settings.trainer_metrics_port):
+        return settings
+    return dataclasses.replace(settings, rendezvous_port=rendezvous,
+                               trainer_metrics_port=metrics)

@@ -145,6 +145,7 @@ def observed_from(
                 trainers[view.node_index] = view
         elif view.role == naming.ROLE_RENDEZVOUS and view.name == naming.rendezvous_name(job_name):
             rendezvous = view
+    services = list(services)
     service_names = {s.get("metadata", {}).get("name") for s in services}
     claim: ClaimView | None = None
     for item in claims:
@@ -161,6 +162,7 @@ def observed_from(
         rendezvous_pod=rendezvous,
         rendezvous_service=naming.rendezvous_name(job_name) in service_names,
         headless_service=naming.headless_service_name(job_name) in service_names,
+        service_ports=_service_ports(services, job_name),
         claim=claim,
     )
 
@@ -195,8 +197,25 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
 
 def slim_object(item: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a Service or claim that `observed_from` reads."""
+    ports = [_pick(port, ("name", "port")) for port in (item.get("spec") or {}).get("ports") or []]
     return {"metadata": _pick(item.get("metadata") or {}, ("name", "ownerReferences")),
+            "spec": {"ports": ports} if ports else {},
             "status": _pick(item.get("status") or {}, ("phase",))}
+
+
+def _service_ports(services: Iterable[Mapping[str, Any]], job_name: str) -> dict[str, int]:
+    """The ports the job's Services were created with: `rendezvous` (the rendezvous Service)
+    and `metrics` (the headless Service), by port name."""
+    wanted = {naming.rendezvous_name(job_name): "rendezvous",
+              naming.headless_service_name(job_name): "metrics"}
+    ports: dict[str, int] = {}
+    for service in services:
+        port_name = wanted.get((service.get("metadata") or {}).get("name", ""))
+        for port in (service.get("spec") or {}).get("ports") or []:
+            if port_name is not None and port.get("name") == port_name \
+                    and isinstance(port.get("port"), int):
+                ports[port_name] = port["port"]
+    return ports
 
 
 def _as_json(api: kubernetes.client.ApiClient, items: Iterable[Any]) -> list[dict[str, Any]]:

@@ -109,6 +109,9 @@ class Observed:
     rendezvous_pod: PodView | None = None
     rendezvous_service: bool = False
     headless_service: bool = False
+    service_ports: Mapping[str, int] = field(default_factory=dict)
+    """The ports the job's Services were created with, by port name (`rendezvous`, `metrics`):
+    the running pods use them, whatever the operator's settings say now."""
     claim: ClaimView | None = None
 
 

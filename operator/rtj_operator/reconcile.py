@@ -22,7 +22,7 @@ from pydantic.alias_generators import to_camel
 from rtj_operator import actions, decisions, metrics, observe, scraping
 from rtj_operator.api.models import parse_job, parse_status, plain
 from rtj_operator.api.status import ResilientTrainingJobStatus, compact_ranks
-from rtj_operator.config import OperatorSettings
+from rtj_operator.config import OperatorSettings, pinned_to_services
 from rtj_operator.errors import InvalidJobError
 from rtj_operator.intents import CreateObject, DeletePod, PostEvent
 from rtj_operator.podplan import plan_for
@@ -169,7 +169,6 @@ async def run_pass(
         # rebuilt from what the cluster shows; it never makes the job itself invalid.
         job = job.model_copy(update={"status": None})
     namespace = job.metadata.namespace or ""
-    plan = plan_for(job, settings)
     if children is not None:
         unmet = unmet_expectations(memo.expected, children)
         memo.expected = {k: t for k, t in memo.expected.items()
@@ -180,6 +179,10 @@ async def run_pass(
         api, namespace=namespace, job_name=job.name, job_uid=job.metadata.uid or "",
         timeout=settings.api_request_timeout_seconds, node_cache=node_cache, children=children,
     )
+    # The job keeps the ports its Services were created with (an operator restarted with other
+    # port settings must not split it).
+    settings = pinned_to_services(settings, observed.service_ports)
+    plan = plan_for(job, settings)
     liveness = await scraper.scrape(
         observed.trainer_pods.values(),
         base_port=settings.trainer_metrics_port,

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from rtj_operator.config import ConfigurationError, OperatorSettings, load_settings
+from rtj_operator.config import (
+    ConfigurationError,
+    OperatorSettings,
+    load_settings,
+    pinned_to_services,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -81,3 +86,13 @@ def test_api_calls_are_bounded_and_a_stuck_pass_fails_liveness() -> None:
     in_flight = {"ns/a": 100.0, "ns/b": 150.0}
     assert stuck_passes(in_flight, now=170.0, limit=60.0) == ["ns/a"]
     assert stuck_passes(in_flight, now=159.0, limit=60.0) == []
+
+
+def test_a_job_keeps_the_ports_of_its_services_when_the_settings_change() -> None:
+    restarted = OperatorSettings(rendezvous_port=30000, trainer_metrics_port=9500)
+    pinned = pinned_to_services(restarted, {"rendezvous": 29400, "metrics": 9400})
+    assert (pinned.rendezvous_port, pinned.trainer_metrics_port) == (29400, 9400)
+    assert pinned.reconcile_interval_seconds == restarted.reconcile_interval_seconds
+    # A new job (no Services yet) gets the settings' ports; equal ports change nothing.
+    assert pinned_to_services(restarted, {}) is restarted
+    assert pinned_to_services(restarted, {"rendezvous": 30000}) is restarted

@@ -15,6 +15,7 @@ from rtj_operator.observe import (
     node_view,
     observed_from,
     pod_view,
+    slim_object,
 )
 
 pytestmark = pytest.mark.unit
@@ -54,6 +55,21 @@ def test_children_are_sorted_into_trainers_rendezvous_services_and_claim() -> No
     assert observed.rendezvous_pod is not None and observed.rendezvous_pod.name == "j-rdzv"
     assert observed.headless_service and observed.rendezvous_service
     assert observed.claim is not None and observed.claim.owned_by_job
+
+
+def test_the_ports_the_services_were_created_with_survive_the_watch_cache() -> None:
+    services = [
+        {"metadata": {"name": "j"}, "spec": {"clusterIP": "None", "ports": [
+            {"name": "metrics", "port": 9400, "targetPort": 9400, "protocol": "TCP"}]}},
+        {"metadata": {"name": "j-rdzv"}, "spec": {"ports": [
+            {"name": "rendezvous", "port": 29400, "targetPort": 29400, "protocol": "TCP"}]}},
+        {"metadata": {"name": "unrelated"}, "spec": {"ports": [{"name": "metrics", "port": 1}]}},
+    ]
+    observed = observed_from(job_name="j", job_uid="u", pods=[], claims=[],
+                             services=[slim_object(s) for s in services])
+    assert observed.service_ports == {"metrics": 9400, "rendezvous": 29400}
+    assert observed_from(job_name="j", job_uid="u", pods=[], claims=[],
+                         services=[]).service_ports == {}
 
 
 # --- nodes, and pods that do not start ----------------------------------------------------------
