@@ -2,10 +2,10 @@
 controller manager (harness.kueue), the operator as its own process and the real trainer.
 
 A ClusterQueue whose one ResourceFlavor (nodes labelled p5.48xlarge, plus a toleration) has the
-quota of exactly one 2-node p5 job, and two such jobs in its LocalQueue: the first runs to
-`Succeeded` with the flavor's placement; the second stays suspended, `Queued` with Kueue's
-"insufficient quota" message in its status and in `kubectl get rtj`, until the first has
-finished and its Workload is `Finished`; then Kueue admits it and it runs to `Succeeded` too.
+quota of exactly one 2-node p5 job, and two such jobs applied to its LocalQueue together: the one
+Kueue admits runs to `Succeeded` with the flavor's placement; the other stays suspended, `Queued`
+with Kueue's "insufficient quota" message in its status and in `kubectl get rtj`, until the first
+has finished and its Workload is `Finished`; then Kueue admits it and it runs to `Succeeded` too.
 """
 
 from __future__ import annotations
@@ -61,46 +61,53 @@ def test_two_jobs_in_a_queue_for_one_run_one_after_the_other(
             manifest["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue}
             apply(cluster, ns, manifest)
 
-        # The first runs with the flavor's placement; the second waits for quota and says why.
-        trainers = wait_for("the first job's trainer pods", lambda: (
-            p if len(p := {n: x for n, x in pods_by_role(cluster, ns, "trainer").items()
-                           if n.startswith("first-")}) == 2 else None),
-            timeout=90, context=context)
+        # Both are queued at once (Kueue orders Workloads created in the same second as it
+        # likes): one runs with the flavor's placement, the other waits for quota and says why.
+        def trainers_of_a_running_job() -> tuple[str, dict[str, Any]] | None:
+            pods = pods_by_role(cluster, ns, "trainer")
+            for name in ("first", "second"):
+                mine = {n: p for n, p in pods.items() if n.startswith(f"{name}-")}
+                if len(mine) == 2:
+                    return name, mine
+            return None
+
+        running, trainers = wait_for("one job's trainer pods", trainers_of_a_running_job,
+                                     timeout=90, context=context)
+        waiting = "second" if running == "first" else "first"
         for pod in trainers.values():
             assert FLAVOR_TOLERATION in pod["spec"]["tolerations"]
             assert pod["spec"]["nodeSelector"]["node.kubernetes.io/instance-type"] == "p5.48xlarge"
-        queued = wait_for("the second job Queued with Kueue's reason", lambda: (
-            s if (s := status(cluster, ns, "second")).get("state") == "Queued"
+        queued = wait_for(f"{waiting} Queued with Kueue's reason", lambda: (
+            s if (s := status(cluster, ns, waiting)).get("state") == "Queued"
             and "insufficient" in s.get("message", "") else None), timeout=60, context=context)
         assert queued["reason"] == "WaitingForAdmission"
         condition = next(c for c in queued["conditions"] if c["type"] == "Queued")
         assert condition["status"] == "True" and "insufficient" in condition["message"]
-        printed = cluster.kubectl("get", "rtj", "-n", ns).stdout
-        assert [line.split()[:2] for line in printed.splitlines()[1:]] == [
-            ["first", status(cluster, ns, "first")["state"]], ["second", "Queued"]], printed
-        wide = cluster.kubectl("get", "rtj", "second", "-n", ns, "-o", "wide").stdout
+        printed = cluster.kubectl("get", "rtj", waiting, "-n", ns).stdout
+        assert printed.splitlines()[1].split()[:2] == [waiting, "Queued"], printed
+        wide = cluster.kubectl("get", "rtj", waiting, "-n", ns, "-o", "wide").stdout
         assert "WaitingForAdmission" in wide and "insufficient" in wide, wide
 
-        # Until the first has finished, the second has no pod and stays suspended.
-        def first_done() -> bool:
-            assert job(cluster, ns, "second")["spec"]["suspend"] is True
-            assert not [n for n in pods_by_role(cluster, ns, "trainer") if n.startswith("second")]
-            return status(cluster, ns, "first").get("state") in ("Succeeded", "Failed")
+        # Until the running one has finished, the other has no pod and stays suspended.
+        def running_done() -> bool:
+            assert job(cluster, ns, waiting)["spec"]["suspend"] is True
+            assert not [n for n in pods_by_role(cluster, ns, "trainer")
+                        if n.startswith(f"{waiting}-")]
+            return status(cluster, ns, running).get("state") in ("Succeeded", "Failed")
 
-        wait_for("the first job to finish", first_done, timeout=300, interval=2,
-                 context=context)
-        assert status(cluster, ns, "first")["state"] == "Succeeded", context()
-        assert finished_condition(cluster, ns, "first").get("reason") == "Succeeded"
+        wait_for(f"{running} to finish", running_done, timeout=300, interval=2, context=context)
+        assert status(cluster, ns, running)["state"] == "Succeeded", context()
+        assert finished_condition(cluster, ns, running).get("reason") == "Succeeded"
 
-        # Its quota released, the second is admitted and runs to the end.
-        wait_for("the second job to finish", lambda: status(cluster, ns, "second").get("state")
+        # Its quota released, the other is admitted and runs to the end.
+        wait_for(f"{waiting} to finish", lambda: status(cluster, ns, waiting).get("state")
                  in ("Succeeded", "Failed"), timeout=300, interval=2, context=context)
-        final = status(cluster, ns, "second")
+        final = status(cluster, ns, waiting)
         assert final["state"] == "Succeeded", context()
         assert final["step"] == 20
         assert next(c for c in final["conditions"] if c["type"] == "Queued")["reason"] \
             == "Admitted"
-        assert finished_condition(cluster, ns, "second").get("reason") == "Succeeded"
+        assert finished_condition(cluster, ns, waiting).get("reason") == "Succeeded"
     finally:
         for kind in ("clusterqueue", "resourceflavor"):
             cluster.kubectl("delete", kind, queue, "--wait=false", "--ignore-not-found",
