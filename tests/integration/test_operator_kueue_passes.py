@@ -11,7 +11,8 @@ hugepages of both trainer pods and the rendezvous pod); two jobs:
   toleration merged into its placement, `suspend: false`); the second stays `Queued`, with
   Kueue's "insufficient quota" message in its condition, its status and `kubectl get rtj -o wide`;
 - the first Workload is deactivated (an eviction): the job is suspended, then, with no pod left,
-  gets its own placement back and its Workload's admission is cleared; Kueue admits the second.
+  gets its own placement back and its Workload's admission is cleared; Kueue admits the second,
+  and the first waits, `Queued` as deactivated.
 """
 
 from __future__ import annotations
@@ -186,6 +187,12 @@ def test_one_job_runs_the_other_waits_for_quota_and_an_eviction_requeues(
                  lambda: second.condition("Admitted").get("status") == "True")
         second.run_pass()
         assert second.body()["spec"]["suspend"] is False
+        # The evicted one now waits as any queued job, in Kueue's terms: deactivated.
+        first.run_pass()
+        body = first.body()
+        assert (body["status"]["state"], body["status"]["reason"]) == (
+            "Queued", "WaitingForAdmission")
+        assert "deactivated" in body["status"]["message"]
     finally:
         for kind in ("clusterqueue", "resourceflavor"):
             cluster.kubectl("delete", kind, queue, "--wait=false", "--ignore-not-found",

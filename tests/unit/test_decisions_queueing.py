@@ -284,6 +284,14 @@ def test_an_eviction_suspends_the_job_then_requeues_it_once_no_pod_is_left(
     assert (by_type["Requeued"]["status"], by_type["Requeued"]["reason"]) == (requeued, reason)
     assert by_type["Evicted"]["status"] == "True"  # Kueue's own, untouched
     assert gone.status["state"] == "Queued" and gone.status["reason"] == "Evicted"
+    # Requeued: it waits as any queued job, in Kueue's words, until Kueue admits it again.
+    requeued = a_workload(QuotaReserved=("False", "Pending", "insufficient unused quota"),
+                          Evicted=("True", reason, "Preempted to make room"))
+    waiting = decide(queued_job(suspend=True), world(), queue=queue(requeued),
+                     memory=gone.memory)
+    assert not waiting.of_type(PatchJob) and not waiting.of_type(PatchWorkload)
+    assert waiting.status["reason"] == "WaitingForAdmission"
+    assert waiting.status["message"].endswith("insufficient unused quota")
 
 
 def test_a_finished_job_marks_its_workload_finished_once() -> None:

@@ -174,8 +174,11 @@ def admit(*, job: ResilientTrainingJob, queue: QueueView, observed: Observed,
                     f"Workload {name} is Finished ({finished.reason}: {finished.message}) "
                     "although the job did not finish; it stays suspended (delete the Workload "
                     "to queue the job again)."))
-    if workload.true(kueueapi.EVICTED):
+    if workload.true(kueueapi.EVICTED) and (
+            workload.true(kueueapi.QUOTA_RESERVED) or not job.spec.suspend or pods_left):
         return _evicted(job, workload, pods_left=pods_left, now=now)
+    # An eviction already handled (no pod, no quota) waits like any pending Workload: Kueue
+    # keeps `Evicted` until it admits the Workload again.
     if workload.true(kueueapi.ADMITTED):
         return _admitted(job, queue, workload, pods_left=pods_left)
     return _pending(job, queue, workload, pods_left=pods_left, settings=settings)
