@@ -6,6 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CLUSTER_DIR := .cluster
 PYTEST_ARGS ?=
+KUEUE ?=
 
 .PHONY: help install testbin test test-unit test-integration test-e2e test-long lint crds demo \
         cluster-up cluster-down operator-up operator-down train-local bench helm-lint images
@@ -16,8 +17,9 @@ help: ## list targets
 install: ## create/refresh .venv (Python 3.12, torch, kopf, NVRx 0.7.0); idempotent
 	@python3 hack/install.py
 
-testbin: ## build etcd/kube-apiserver/controller-manager/scheduler, fetch kubectl+helm (cached in ~/.cache)
+testbin: ## build etcd/kube-apiserver/controller-manager/scheduler and Kueue, fetch kubectl+helm (cached in ~/.cache)
 	@bash hack/build-testbin.sh >/dev/null
+	@bash hack/build-kueue.sh >/dev/null
 
 test: install testbin ## lint (ruff, mypy --strict, import contracts) + unit, integration and e2e tiers (not the long drills)
 	$(VENV)/bin/ruff check .
@@ -48,8 +50,8 @@ crds: install ## regenerate crds/ and the chart's CRD from the pydantic models
 demo: install testbin ## local control plane + operator + a small CPU job with an injected fault
 	$(PY) hack/demo.py
 
-cluster-up: install testbin ## start a local cluster in the background; then: . .cluster/env
-	PYTHONPATH=tests $(PY) -m harness up --dir $(CLUSTER_DIR)
+cluster-up: install testbin ## start a local cluster in the background (KUEUE=1: with real Kueue); then: . .cluster/env
+	PYTHONPATH=tests $(PY) -m harness up --dir $(CLUSTER_DIR) $(if $(KUEUE),--kueue)
 
 cluster-down: ## stop the local cluster (and the operator) started by cluster-up
 	-@bash hack/operator-down.sh $(CLUSTER_DIR)

@@ -4,6 +4,9 @@ The cluster (real etcd, kube-apiserver, kube-controller-manager, kube-scheduler 
 process-backed p5.48xlarge nodes, see `harness`) starts lazily, the first time a test asks for
 it, and is always torn down at the end of the session. Missing control-plane binaries are built
 first by hack/build-testbin.sh (a cold build takes a long time; its progress is shown).
+
+Real Kueue (the `kueue` fixture, harness.kueue) starts only when a test asks for it, once per
+session, in that cluster; hack/build-kueue.sh builds it first when its cache is cold.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 from harness.cluster import Cluster
+from harness.kueue import Kueue
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +30,20 @@ def cluster(
     with capture.global_and_fixture_disabled():  # show build progress and the start time
         instance = Cluster.start(run_dir)
         print(f"\n[harness] cluster ready in {time.monotonic() - started:.1f} s ({run_dir})")
+    try:
+        yield instance
+    finally:
+        instance.stop()
+
+
+@pytest.fixture(scope="session")
+def kueue(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Kueue]:
+    """Kueue's controller manager and CRDs in the session's cluster (stopped before it)."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    started = time.monotonic()
+    with capture.global_and_fixture_disabled():
+        instance = Kueue.start(cluster)
+        print(f"\n[harness] kueue ready in {time.monotonic() - started:.1f} s")
     try:
         yield instance
     finally:

@@ -2,12 +2,13 @@
 
 Every action is idempotent, because a pass can be repeated at any time: creating an object that
 already exists (409) and deleting one that is already gone (404) or was replaced (409 on the UID
-precondition) are no-ops. A create refused with 403 (Pod Security admission, an admission
-policy, a quota) is reported back as `intents.CreateRefused` and the remaining actions still run:
-the pass writes the refusal into the status instead of retrying (docs/security.md). Other API
-errors surface as `kopf.TemporaryError`, so kopf retries the pass a moment later. Events are
-not posted here but by the handler, through kopf (they are a separate field of the decision,
-`intents.PostEvent`).
+precondition) are no-ops, and so is a patch of a Workload that changed meanwhile (409 on its
+resourceVersion: the next pass reads it again). A create refused with 403 (Pod Security
+admission, an admission policy, a quota) is reported back as `intents.CreateRefused` and the
+remaining actions still run: the pass writes the refusal into the status instead of retrying
+(docs/security.md). Other API errors surface as `kopf.TemporaryError`, so kopf retries the pass
+a moment later. Events are not posted here but by the handler, through kopf (they are a separate
+field of the decision, `intents.PostEvent`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import kopf
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 
-from rtj_operator import intents
+from rtj_operator import intents, kueueapi
 from rtj_operator.api import GROUP, PLURAL, VERSION
 
 RETRY_DELAY_SECONDS = 2.0
@@ -41,6 +42,10 @@ def _create(
     elif kind == "NetworkPolicy":
         kubernetes.client.NetworkingV1Api(core.api_client).create_namespaced_network_policy(
             namespace, body, _request_timeout=timeout)
+    elif kind == "Workload":
+        kubernetes.client.CustomObjectsApi(core.api_client).create_namespaced_custom_object(
+            kueueapi.GROUP, kueueapi.VERSION, namespace, kueueapi.WORKLOADS, body,
+            _request_timeout=timeout)
     else:
         raise ValueError(f"cannot create a {kind}")
 
@@ -78,6 +83,18 @@ def _apply_one(
                 action.name, namespace, {"metadata": {"ownerReferences": owners}},
                 _request_timeout=timeout,
             )
+        elif isinstance(action, intents.PatchJob):
+            kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, job_name, action.patch,
+                _request_timeout=timeout, _content_type="application/merge-patch+json",
+            )
+        elif isinstance(action, intents.PatchWorkload):
+            custom = kubernetes.client.CustomObjectsApi(api)
+            call = (custom.patch_namespaced_custom_object_status if action.status
+                    else custom.patch_namespaced_custom_object)
+            body = {**action.patch, "metadata": {"resourceVersion": action.resource_version}}
+            call(kueueapi.GROUP, kueueapi.VERSION, namespace, kueueapi.WORKLOADS, action.name,
+                 body, _request_timeout=timeout, _content_type="application/merge-patch+json")
         elif isinstance(action, intents.DeleteJob):
             kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, job_name,

@@ -19,7 +19,7 @@ from typing import Any
 import kopf
 import kubernetes.client
 
-from rtj_operator import actions, leader, metrics, naming, observe, reconcile, scraping
+from rtj_operator import actions, kueueapi, leader, metrics, naming, observe, reconcile, scraping
 from rtj_operator.api import GROUP, PLURAL, VERSION
 from rtj_operator.config import OperatorSettings, settings_from_environment
 from rtj_operator.errors import InvalidJobError
@@ -77,9 +77,11 @@ def _cached(index: kopf.Index[IndexKey, dict[str, Any]], key: IndexKey) -> list[
     return list(index.get(key, []))
 
 
-def finished_and_idle(state: str | None, pods: int, ttl: object) -> bool:
-    """A finished job with no pod left and no TTL: nothing for a pass to do (C13)."""
-    return state in FINISHED and pods == 0 and ttl is None
+def finished_and_idle(state: str | None, pods: int, ttl: object,
+                      workload_pending: bool = False) -> bool:
+    """A finished job with no pod left and no TTL: nothing for a pass to do (C13), unless it is
+    queued through Kueue and its Workload was not seen Finished yet (`workload_pending`)."""
+    return state in FINISHED and pods == 0 and ttl is None and not workload_pending
 
 
 async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
@@ -101,8 +103,10 @@ async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
     remembered = job_memo.memory.status
     state = remembered.state if remembered is not None else (body.get("status") or {}).get(
         "state")
+    queued = kueueapi.queue_name(body.metadata.labels) is not None
     if finished_and_idle(state, len(children[0]),
-                         (body.get("spec") or {}).get("ttlSecondsAfterFinished")):
+                         (body.get("spec") or {}).get("ttlSecondsAfterFinished"),
+                         workload_pending=queued and not job_memo.workload_settled):
         return
     in_flight: dict[str, float] = memo["health"]["in_flight"]
     async with job_memo.lock:

@@ -16,7 +16,8 @@ Manifest = dict[str, Any]
 
 @dataclass(frozen=True)
 class CreateObject:
-    """Create a child object (Pod, Service, PersistentVolumeClaim); an existing one is kept."""
+    """Create a child object (Pod, Service, PersistentVolumeClaim, NetworkPolicy, Kueue
+    Workload); an existing one is kept."""
 
     manifest: Manifest
 
@@ -57,7 +58,27 @@ class DeleteJob:
     """Delete the job itself (ttlSecondsAfterFinished)."""
 
 
-Action = CreateObject | DeletePod | SetClaimOwner | DeleteJob
+@dataclass(frozen=True)
+class PatchJob:
+    """A JSON merge patch of the job itself (not its status): `spec.suspend` and the placement
+    of a job queued through Kueue, in one update (`workloads.start_patch`)."""
+
+    patch: Manifest
+
+
+@dataclass(frozen=True)
+class PatchWorkload:
+    """A JSON merge patch of the job's Kueue Workload (`status`: of its status subresource),
+    made only if the Workload is still at `resource_version` (else 409: the next pass looks
+    again)."""
+
+    name: str
+    resource_version: str
+    patch: Manifest
+    status: bool = False
+
+
+Action = CreateObject | DeletePod | SetClaimOwner | DeleteJob | PatchJob | PatchWorkload
 """A change to the cluster, applied by `actions.apply` in order."""
 
 

@@ -6,7 +6,9 @@ contract in docs/design.md lives in one place of the code.
 
 from __future__ import annotations
 
-from rtj_operator.api import GROUP
+import hashlib
+
+from rtj_operator.api import GROUP, KIND
 
 JOB_LABEL = f"{GROUP}/job"
 ROLE_LABEL = f"{GROUP}/role"
@@ -20,6 +22,10 @@ FINALIZER = f"{GROUP}/cleanup"
 """The operator's finalizer (kopf adds it because the reconcile timer needs it)."""
 ANNOTATION_PREFIX = GROUP
 """Prefix of the annotations where kopf keeps handler progress and the last handled spec."""
+PLACEMENT_ANNOTATION = f"{GROUP}/placement-before-admission"
+"""On a job queued through Kueue and admitted: its own `podTemplate.nodeSelector` and
+`tolerations` (JSON) from before the admitted flavors were merged in, restored when the Workload
+is evicted (what Kueue's jobframework restores from a Workload's pod sets)."""
 
 TRAINER_CONTAINER = "trainer"
 RENDEZVOUS_CONTAINER = "rendezvous"
@@ -61,3 +67,16 @@ def network_policy_name(job_name: str) -> str:
 def job_selector(job_name: str) -> str:
     """Label selector of every child of a job."""
     return f"{JOB_LABEL}={job_name}"
+
+
+WORKLOAD_NAME_MAX = 253
+WORKLOAD_HASH_LENGTH = 5
+
+
+def workload_name(job_name: str, job_uid: str) -> str:
+    """The Kueue Workload of a job: `resilienttrainingjob-<job>-<hash>`, exactly as Kueue's
+    jobframework names the Workload of a job it manages (`GetWorkloadNameForOwnerWithGVK`:
+    sha1 of kind, group, name and UID), so a job deleted and created again gets a new one."""
+    digest = hashlib.sha1(f"{KIND}\n{GROUP}\n{job_name}\n{job_uid}".encode()).hexdigest()
+    prefix = f"{KIND.lower()}-{job_name}"[: WORKLOAD_NAME_MAX - 1 - WORKLOAD_HASH_LENGTH]
+    return f"{prefix}-{digest[:WORKLOAD_HASH_LENGTH]}"

@@ -152,3 +152,74 @@ class NodeLiveness:
 
 RankLiveness = Mapping[int, NodeLiveness]
 """Liveness of each trainer pod, by node index."""
+
+
+# --- Kueue ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Where a job's pods may go: `spec.podTemplate.nodeSelector` and `tolerations` (JSON)."""
+
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, object], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadCondition:
+    """One condition of a Kueue Workload."""
+
+    status: str
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadView:
+    """What the operator reads of the job's Kueue Workload."""
+
+    name: str
+    resource_version: str
+    generation: int | None = None
+    queue_name: str = ""
+    active: bool = True
+    """spec.active (false: deactivated by a user or by Kueue)."""
+    pod_sets: tuple[Mapping[str, object], ...] = ()
+    """spec.podSets as the API server has them."""
+    conditions: Mapping[str, WorkloadCondition] = field(default_factory=dict)
+    """status.conditions by type."""
+    raw_conditions: tuple[Mapping[str, object], ...] = ()
+    """status.conditions as they are: a status patch writes the whole list back."""
+    cluster_queue: str | None = None
+    """status.admission.clusterQueue, while quota is reserved."""
+    flavors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """status.admission.podSetAssignments: the ResourceFlavors assigned to each pod set."""
+    check_updates: Mapping[str, tuple[Placement, ...]] = field(default_factory=dict)
+    """status.admissionChecks[].podSetUpdates: placement an admission check adds, by pod set."""
+
+    def true(self, kind: str) -> bool:
+        condition = self.conditions.get(kind)
+        return condition is not None and condition.status == "True"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlavorView:
+    """A Kueue ResourceFlavor: what it adds to the pods of a pod set assigned to it."""
+
+    name: str
+    node_labels: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, object], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueView:
+    """A job queued through Kueue (`kueue.x-k8s.io/queue-name`): its Workload and the flavors of
+    its admission."""
+
+    queue_name: str
+    workload: WorkloadView | None = None
+    flavors: Mapping[str, FlavorView] = field(default_factory=dict)
+    """The ResourceFlavors the admission names, by name (read only while admitted); one that
+    could not be read is missing."""
+    unavailable: str | None = None
+    """Why the operator cannot use Kueue's API (not installed, forbidden); None when it can."""

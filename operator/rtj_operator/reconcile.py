@@ -19,7 +19,7 @@ import kubernetes.client
 import pydantic
 from pydantic.alias_generators import to_camel
 
-from rtj_operator import actions, decisions, metrics, observe, scraping
+from rtj_operator import actions, decisions, kueueapi, metrics, naming, observe, scraping
 from rtj_operator.api.models import parse_job, parse_status, plain
 from rtj_operator.api.status import ResilientTrainingJobStatus, compact_ranks
 from rtj_operator.config import OperatorSettings, pinned_to_services
@@ -40,6 +40,9 @@ class JobMemo:
     last_status_write: float | None = None
     """When (monotonic) this operator last wrote the job's status; progress-only changes wait
     `status_progress_interval_seconds` after it."""
+    workload_settled: bool = False
+    """A job queued through Kueue: its Workload was seen Finished (or there is none), so a
+    finished job without pods needs no more passes (`handlers.finished_and_idle`)."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ def expectations_after(actions: list[Any], expected: Mapping[str, float],
     kept = {k: t for k, t in expected.items() if now - t < EXPECTATION_SECONDS}
     refused_names = set(refused)
     for action in actions:
-        if isinstance(action, CreateObject):
+        if isinstance(action, CreateObject) and action.kind != "Workload":  # not in the caches
             name = action.manifest["metadata"]["name"]
             if name not in refused_names:
                 kept[name] = now
@@ -188,10 +191,21 @@ async def run_pass(
         base_port=settings.trainer_metrics_port,
         procs=plan.procs_per_node,
     )
+    queue_name = kueueapi.queue_name(job.metadata.labels)
+    queue = None
+    if queue_name is not None:  # queued through Kueue: one GET of its Workload
+        queue = await observe.observe_queue(
+            api, namespace=namespace, queue_name=queue_name,
+            workload_name=naming.workload_name(job.name, job.metadata.uid or ""),
+            timeout=settings.api_request_timeout_seconds,
+        )
+        memo.workload_settled = queue.workload is None or queue.workload.true(
+            kueueapi.FINISHED)
     decision = decisions.decide(
         job=job, plan=plan, observed=observed, liveness=liveness, now=now_utc(),
         memory=memo.memory,
         settings=settings,
+        queue=queue,
     )
     refused = await actions.apply(api, namespace=namespace, job_name=job.name,
                                   actions=decision.actions,

@@ -1,7 +1,8 @@
 """`python -m harness up|down|status`: the test cluster as a background service for manual work.
 
 `up` builds the binaries if needed, then starts a detached daemon (own session, no terminal) that
-runs `Cluster.start` and waits for SIGTERM; once the cluster is ready it writes `<dir>/env` (source
+runs `Cluster.start` (and, with `--kueue`, `Kueue.start`: real Kueue, see harness.kueue) and waits
+for SIGTERM; once the cluster is ready it writes `<dir>/env` (source
 it: exports KUBECONFIG and puts the binaries and the project venv first on PATH) and `<dir>/pids`.
 `down` stops the daemon (which stops everything it started) and then kills anything listed in
 `<dir>/pids` that still runs, so no process is left behind. Backs `make cluster-up/cluster-down`
@@ -24,12 +25,13 @@ from types import FrameType
 from harness import cgroups
 from harness.cluster import VENV_BIN, Cluster, python_module_argv, without_tests_on_pythonpath
 from harness.controlplane import ensure_binaries
+from harness.kueue import Kueue, ensure_kueue
 
 START_TIMEOUT = 240.0
 STOP_TIMEOUT = 60.0
 RUN_DIR_ENTRIES = [
     "env", "pids", "daemon.log", "admin.kubeconfig", "nodes.json", "etcd-data", "pki", "logs",
-    "pods", "pod-data", "shared",
+    "pods", "pod-data", "shared", "kueue",
 ]  # fmt: skip
 
 
@@ -55,13 +57,15 @@ def is_ours(pid: int, run_dir: Path) -> bool:
     return state != "Z" and str(run_dir) in cmdline
 
 
-def up(run_dir: Path, nodes: int) -> int:
+def up(run_dir: Path, nodes: int, kueue: bool = False) -> int:
     daemon_pid = read_pids(run_dir).get("daemon")
     if daemon_pid and is_ours(daemon_pid, run_dir):
         print(f"cluster already up (daemon pid {daemon_pid}); source {run_dir / 'env'}")
         return 0
     t0 = time.monotonic()
     ensure_binaries()
+    if kueue:
+        ensure_kueue()
     run_dir.mkdir(parents=True, exist_ok=True)
     for entry in RUN_DIR_ENTRIES:  # only what an earlier cluster left here
         path = run_dir / entry
@@ -77,6 +81,7 @@ def up(run_dir: Path, nodes: int) -> int:
                 "_daemon",
                 f"--dir={run_dir}",
                 f"--nodes={nodes}",
+                *(["--kueue"] if kueue else []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -93,19 +98,26 @@ def up(run_dir: Path, nodes: int) -> int:
             return 1
         time.sleep(0.2)
     elapsed = time.monotonic() - t0
-    print(f"cluster up in {elapsed:.1f} s with {nodes} nodes; run: source {run_dir / 'env'}")
+    with_kueue = " and Kueue" if kueue else ""
+    print(f"cluster up in {elapsed:.1f} s with {nodes} nodes{with_kueue}; run: source "
+          f"{run_dir / 'env'}")
     return 0
 
 
-def daemon(run_dir: Path, nodes: int) -> int:
+def daemon(run_dir: Path, nodes: int, kueue: bool = False) -> int:
     def stop(signum: int, _frame: FrameType | None) -> None:
         raise SystemExit(0)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, stop)
     cluster = Cluster.start(run_dir, nodes=nodes)
+    queueing: Kueue | None = None
     try:
+        if kueue:
+            queueing = Kueue.start(cluster)
         pids = {"daemon": os.getpid(), **cluster.pids()}
+        if queueing is not None:
+            pids["kueue"] = queueing.process.pid
         (run_dir / "pids").write_text("".join(f"{name} {pid}\n" for name, pid in pids.items()))
         (run_dir / "env.tmp").write_text(
             "# Source me: the cluster started by `python -m harness up`.\n"
@@ -120,6 +132,8 @@ def daemon(run_dir: Path, nodes: int) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)  # let the teardown finish
         print("stopping", flush=True)
+        if queueing is not None:
+            queueing.stop()
         cluster.stop()
         (run_dir / "env").unlink(missing_ok=True)
         print("stopped", flush=True)
@@ -175,12 +189,14 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--dir", type=Path, default=Path(".cluster"))
         if name in ("up", "_daemon"):
             command.add_argument("--nodes", type=int, default=3)
+            command.add_argument("--kueue", action="store_true",
+                                 help="also run real Kueue (v0.17.0, hack/build-kueue.sh)")
     args = parser.parse_args(argv)
     run_dir = args.dir.resolve()
     if args.command == "up":
-        return up(run_dir, args.nodes)
+        return up(run_dir, args.nodes, args.kueue)
     if args.command == "_daemon":
-        return daemon(run_dir, args.nodes)
+        return daemon(run_dir, args.nodes, args.kueue)
     if args.command == "down":
         return down(run_dir)
     return status(run_dir)

@@ -84,24 +84,31 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
+def _key(pki: Path, name: str) -> None:
+    _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", name, cwd=pki)
+
+
+def sign_certificate(pki: Path, name: str, subject: str, extensions: str) -> None:
+    """`<pki>/<name>.key` and `<name>.crt`, signed by the cluster's CA (`make_pki`), 7 days."""
+    _key(pki, f"{name}.key")
+    _openssl("req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr", cwd=pki)
+    (pki / f"{name}.ext").write_text(extensions)
+    _openssl(
+        "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "7", "-extfile", f"{name}.ext", "-out", f"{name}.crt",
+        cwd=pki,
+    )  # fmt: skip
+
+
 def make_pki(pki: Path) -> None:
     """CA, API server serving cert, admin client cert, service-account signing key (7 days)."""
     pki.mkdir(parents=True, exist_ok=True)
 
     def key(name: str) -> None:
-        _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", name, cwd=pki)
+        _key(pki, name)
 
     def sign(name: str, subject: str, extensions: str) -> None:
-        key(f"{name}.key")
-        _openssl(
-            "req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr", cwd=pki
-        )
-        (pki / f"{name}.ext").write_text(extensions)
-        _openssl(
-            "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-            "-CAcreateserial", "-days", "7", "-extfile", f"{name}.ext", "-out", f"{name}.crt",
-            cwd=pki,
-        )  # fmt: skip
+        sign_certificate(pki, name, subject, extensions)
 
     key("ca.key")
     _openssl(

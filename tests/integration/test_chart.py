@@ -187,6 +187,10 @@ def test_default_rbac_splits_framework_and_application_into_cluster_roles(
     assert application[("", "events")] == {"create"}
     assert ("", "secrets") not in application
     assert application[("", "nodes")] == {"list"}  # lost nodes; read only
+    # Kueue (docs/kueue.md): each queued job's Workload, fetched by name, never listed.
+    assert application[("kueue.x-k8s.io", "workloads")] == {"get", "create", "patch"}
+    assert application[("kueue.x-k8s.io", "workloads/status")] == {"patch"}
+    assert ("kueue.x-k8s.io", "resourceflavors", frozenset({"get"})) in framework
 
 
 def test_namespaced_rbac_renders_roles_in_the_release_namespace_and_watches_only_it(
@@ -201,9 +205,10 @@ def test_namespaced_rbac_renders_roles_in_the_release_namespace_and_watches_only
         "rel-rtj-operator-leader-election",
     }
     assert {r["metadata"]["namespace"] for r in roles + kinds["RoleBinding"]} == {"team-a"}
-    # Only the read-only CRD rule stays cluster-wide: CRDs are cluster-scoped objects.
+    # Only the read-only CRD and ResourceFlavor rules stay cluster-wide: both are cluster-scoped.
     (cluster_role,) = kinds["ClusterRole"]
-    assert [r for _, r, _ in rules_of(cluster_role)] == ["customresourcedefinitions"]
+    assert [r for _, r, _ in rules_of(cluster_role)] == ["customresourcedefinitions",
+                                                         "resourceflavors"]
     application = next(r for r in roles if r["metadata"]["name"].endswith("-application"))
     assert "nodes" not in [r for _, r, _ in rules_of(application)]  # cluster-scoped objects
     assert operator_env(manifests, "team-a")["RTJ_OPERATOR_NAMESPACE"] == "team-a"

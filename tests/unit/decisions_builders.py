@@ -17,7 +17,14 @@ from rtj_operator.api.models import parse_job, parse_status
 from rtj_operator.api.status import ResilientTrainingJobStatus
 from rtj_operator.config import OperatorSettings
 from rtj_operator.intents import CreateObject, DeletePod
-from rtj_operator.observed import ClaimView, NodeLiveness, Observed, PodView, RankSample
+from rtj_operator.observed import (
+    ClaimView,
+    NodeLiveness,
+    Observed,
+    PodView,
+    QueueView,
+    RankSample,
+)
 from rtj_operator.podplan import plan_for
 from rtj_operator.reconcile import api_status
 
@@ -142,10 +149,10 @@ def answering(observed: Observed | None = None) -> dict[int, NodeLiveness]:
 
 
 def decide(j: Any, observed: Observed, *, now: datetime = T0, liveness: Any = None,
-           memory: d.Memory | None = None) -> Outcome:
+           memory: d.Memory | None = None, queue: QueueView | None = None) -> Outcome:
     decision = Outcome(d.decide(job=j, plan=plan_for(j, SETTINGS), observed=observed,
                                 liveness=liveness or {}, now=now,
-                                memory=memory or d.Memory(), settings=SETTINGS))
+                                memory=memory or d.Memory(), settings=SETTINGS, queue=queue))
     status_model(decision.status)  # every status we write is valid for the API
     return decision
 

@@ -1,4 +1,5 @@
-"""The pure half of observing: API objects into views (`rtj_operator.observe`)."""
+"""The pure half of observing: API objects into views (`rtj_operator.observe`), and how a
+Workload GET's answer is read (the API client stands in for the server)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 from rtj_operator.observe import (
     FORBIDDEN_RETRY_SECONDS,
     NodeCache,
     node_view,
+    observe_queue,
     observed_from,
     pod_view,
     slim_object,
@@ -181,3 +184,43 @@ def test_without_rbac_on_nodes_the_cache_says_so_once_and_works_without(
     assert len(calls) == 2
     warnings = [r for r in caplog.records if "Cannot list nodes" in r.getMessage()]
     assert len(warnings) == 1 and "rbac.clusterScoped=true" in warnings[0].getMessage()
+
+
+class _Workloads:
+    """CustomObjectsApi standing in for the API server: answers a Workload GET with `error`."""
+
+    error: ApiException
+
+    def __init__(self, _api: object) -> None:
+        pass
+
+    def get_namespaced_custom_object(self, *_: object, **__: object) -> Any:
+        raise self.error
+
+
+@pytest.mark.parametrize(("status", "body", "workload_missing", "why"), [
+    # What kube-apiserver 1.34 answers: the object missing (Kueue installed) ...
+    (404, '{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound",'
+          '"details":{"name":"w","group":"kueue.x-k8s.io","kind":"workloads"},"code":404}',
+     True, None),
+    # ... the API not served at all (no Kueue CRDs), and RBAC without Kueue's objects.
+    (404, "404 page not found\n", False, "Kueue (v0.17 or later) is not installed"),
+    (403, '{"kind":"Status","reason":"Forbidden","code":403}', False,
+     "the operator's RBAC lacks Kueue's objects"),
+])
+def test_a_missing_workload_is_told_apart_from_a_cluster_without_kueue(
+    monkeypatch: pytest.MonkeyPatch, status: int, body: str, workload_missing: bool,
+    why: str | None,
+) -> None:
+    error = ApiException(status=status, reason="NotFound" if status == 404 else "Forbidden")
+    error.body = body
+    monkeypatch.setattr(_Workloads, "error", error, raising=False)
+    monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", _Workloads)
+    client: Any = object()
+    view = asyncio.run(observe_queue(client, namespace="ns", queue_name="q", workload_name="w",
+                                     timeout=1))
+    assert view.queue_name == "q" and view.workload is None
+    if workload_missing:
+        assert view.unavailable is None
+    else:
+        assert view.unavailable is not None and why in view.unavailable

@@ -135,3 +135,16 @@ def test_a_create_refused_by_admission_is_not_expected_in_the_watch_cache() -> N
          CreateObject({"kind": "Pod", "metadata": {"name": "j-1"}})],
         {}, now=10.0, refused=["j-1"])
     assert expected == {"j-0": 10.0}  # j-1 was never made: no LIST fallback waits for it
+
+
+def test_a_finished_queued_job_gets_passes_until_its_workload_is_seen_finished() -> None:
+    assert not handlers.finished_and_idle("Succeeded", 0, None, workload_pending=True)
+    assert handlers.finished_and_idle("Succeeded", 0, None, workload_pending=False)
+
+
+def test_a_created_workload_is_not_expected_in_the_watch_caches_of_pods_services_and_claims(
+) -> None:
+    expected = reconcile.expectations_after(
+        [CreateObject({"kind": "Workload", "metadata": {"name": "resilienttrainingjob-j-abcde"}}),
+         CreateObject({"kind": "Service", "metadata": {"name": "j"}})], {}, now=3.0)
+    assert expected == {"j": 3.0}

@@ -41,6 +41,9 @@ class JobState(StrEnum):
     RUNNING = "Running"
     RECOVERING = "Recovering"
     SUSPENDED = "Suspended"
+    QUEUED = "Queued"
+    """Queued through Kueue (label `kueue.x-k8s.io/queue-name`), suspended and without pods
+    until Kueue admits its Workload; the `Queued` condition says why it waits."""
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
 
@@ -67,6 +70,9 @@ class ConditionType(StrEnum):
     ADMISSION_REFUSED = "AdmissionRefused"
     """The API server refused to create a child (403: Pod Security admission, an admission
     policy, a quota); reason `PodSecurity` or `Forbidden`, the message is the server's."""
+    QUEUED = "Queued"
+    """Only on a job queued through Kueue: True while it waits for Kueue to admit its Workload
+    (or is being stopped after an eviction), with Kueue's own message; False once admitted."""
 
 
 class RankState(StrEnum):
@@ -140,7 +146,21 @@ class Reason(StrEnum):
     FORBIDDEN = "Forbidden"
     """AdmissionRefused: another 403 (an admission policy, a quota, the operator's RBAC)."""
     ADMITTED = "Admitted"
-    """AdmissionRefused is False: the children were created."""
+    """AdmissionRefused is False: the children were created. Queued is False: Kueue admitted
+    the job's Workload."""
+    WAITING_FOR_ADMISSION = "WaitingForAdmission"
+    """Queued: the job waits for Kueue to admit its Workload (Kueue's message says why)."""
+    EVICTED = "Evicted"
+    """Queued: Kueue evicted the job's Workload (preempted, deactivated, ...); the job is
+    suspended (its trainers checkpoint first) and queued again."""
+    KUEUE_UNAVAILABLE = "KueueUnavailable"
+    """Queued: the job asks for Kueue, but the cluster does not serve Kueue's API or the
+    operator may not use it; the job stays suspended."""
+    WORKLOAD_FINISHED = "WorkloadFinished"
+    """Queued: the job's Workload was marked Finished although the job did not finish; the job
+    stays suspended."""
+    PLACEMENT_CONFLICT = "PlacementConflict"
+    """Queued: the admission's flavors cannot be merged into the job's placement."""
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -189,7 +209,9 @@ class Condition(ApiModel):
             "`heartbeatTimeoutSeconds` while fewer than half of the job's running pods answer, "
             "or while the answering ones beat; no hang is declared for it), "
             "`AdmissionRefused` (the API server refused to create a pod or another child: "
-            "reason `PodSecurity` or `Forbidden`, the server's message)."
+            "reason `PodSecurity` or `Forbidden`, the server's message), `Queued` (only on a "
+            "job labelled `kueue.x-k8s.io/queue-name`: True while it waits for Kueue to admit "
+            "its Workload, with Kueue's message, False once admitted)."
         )
     )
     status: ConditionStatus = Field(description="`True`, `False`, `Unknown`.")

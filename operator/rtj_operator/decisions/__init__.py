@@ -7,6 +7,10 @@ table-driven tests in tests/unit/decisions/.
 
 The rules, in the order a pass applies them:
 
+0. A job queued through Kueue (label `kueue.x-k8s.io/queue-name`, its Workload observed in
+   `queue`) is held, treated as suspended, until Kueue admits its Workload; the Workload is
+   created, kept in step with the job, cleared after an eviction and marked Finished with the
+   job (`queueing.py`, before and after the rules below).
 1. A finished job (Succeeded/Failed) only cleans up: running pods and the rendezvous pod go;
    after `ttlSecondsAfterFinished` the job itself is deleted.
 2. The headless Service, the rendezvous Service and the dynamic claim exist (even while
@@ -41,6 +45,7 @@ than the object kopf hands the next pass, and when the job's step last advanced)
 
 Each rule has its own module; `decide` below is the one place that states their order:
 
+- `queueing.py`: rule 0, Kueue;
 - `lifecycle.py`: rules 1-6 and 8 (finished, Services and claim, suspend, deadline, exit codes,
   completion, create);
 - `liveness.py`: rule 7, finding faults (ranks from the pods and the scrapes, heartbeat and
@@ -58,13 +63,13 @@ from __future__ import annotations
 from datetime import datetime
 
 from rtj_operator.api.models import ResilientTrainingJob
-from rtj_operator.api.status import JobState
+from rtj_operator.api.status import JobState, ResilientTrainingJobStatus
 from rtj_operator.config import OperatorSettings
-from rtj_operator.decisions import lifecycle, recovery, status
+from rtj_operator.decisions import lifecycle, queueing, recovery, status
 from rtj_operator.decisions.liveness import find_faults, lost_pods, observe_ranks
 from rtj_operator.decisions.state import Decision, DetectedFault, Memory, _Pass
 from rtj_operator.decisions.status import OPERATOR_ACTIONS, invalid_spec, with_refusals
-from rtj_operator.observed import Observed, RankLiveness
+from rtj_operator.observed import Observed, QueueView, RankLiveness
 from rtj_operator.podplan import PodPlan
 
 __all__ = ["OPERATOR_ACTIONS", "Decision", "DetectedFault", "Memory", "decide", "invalid_spec",
@@ -80,8 +85,34 @@ def decide(
     now: datetime,
     memory: Memory,
     settings: OperatorSettings,
+    queue: QueueView | None = None,
 ) -> Decision:
-    """The actions of one reconcile pass and the job's new status (see the module docstring)."""
+    """The actions of one reconcile pass and the job's new status (see the module docstring);
+    `queue` is the Kueue view of a job queued through Kueue (None for any other job)."""
+    if queue is None:
+        return queueing.unqueued(_decide(job=job, plan=plan, observed=observed,
+                                         liveness=liveness, now=now, memory=memory,
+                                         settings=settings))
+    prev = memory.status or job.status or ResilientTrainingJobStatus()
+    step = queueing.admit(job=job, queue=queue, observed=observed, prev=prev,
+                          settings=settings, now=now)  # rule 0
+    held = queueing.holding(job) if step.hold and not job.spec.suspend else job
+    decided = _decide(job=held, plan=plan, observed=observed, liveness=liveness, now=now,
+                      memory=memory, settings=settings)
+    return queueing.report(decided, step, job=job, now=now)
+
+
+def _decide(
+    *,
+    job: ResilientTrainingJob,
+    plan: PodPlan,
+    observed: Observed,
+    liveness: RankLiveness,
+    now: datetime,
+    memory: Memory,
+    settings: OperatorSettings,
+) -> Decision:
+    """Rules 1-8."""
     p = _Pass(job=job, plan=plan, observed=observed, liveness=liveness, now=now, memory=memory,
               settings=settings)
     lost_pods(p)  # pods on lost nodes are force-deleted by whichever rule deletes them

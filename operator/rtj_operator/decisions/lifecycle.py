@@ -119,8 +119,8 @@ def suspended(p: _Pass) -> Decision:
     gone = not pods
     message = ("every pod is deleted; the checkpoints are kept" if gone
                else "deleting the pods; the checkpoints are kept")
-    if p.prev.state != JobState.SUSPENDED:
-        p.event("Normal", "Suspended", f"Suspended: {message}")
+    if p.prev.state not in (JobState.SUSPENDED, JobState.QUEUED):
+        p.event("Normal", Reason.SUSPENDED, f"Suspended: {message}")
     stop = _stop_checkpoint(p)
     known = p.prev.last_checkpoint
     if stop is not None and (known is None or stop.step >= known.step):

@@ -236,6 +236,11 @@ def _conditions(
                 type=kind, status="False", observed_generation=p.job.metadata.generation,
                 last_transition_time=p.now, reason=Reason.ADMITTED))
             continue
+        if kind == ConditionType.QUEUED:
+            # Only a job queued through Kueue has it; rule 0 writes it (`queueing.report`).
+            if kind in previous:
+                result.append(previous[kind])
+            continue
         status: ConditionStatus = "True" if truths.get(kind, False) else "False"
         before = previous.get(kind)
         moved = before is None or before.status != status
@@ -276,7 +281,7 @@ def build(
                     for c in p.prev.conditions)
     if stale and not was_stale:
         p.event("Warning", Reason.CHECKPOINT_STALE, f"Checkpoints are stale: {why}")
-    elif was_stale and not stale and state != JobState.SUSPENDED:
+    elif was_stale and not stale and state not in (JobState.SUSPENDED, JobState.QUEUED):
         p.event("Normal", Reason.CHECKPOINT_CURRENT, "A committed checkpoint caught up")
     own = {ConditionType.CHECKPOINT_STALE: (
         Reason.CHECKPOINT_STALE if stale else Reason.CHECKPOINT_CURRENT, why)}
