@@ -125,14 +125,29 @@ def _pod_clock(p: _Pass, index: int) -> datetime | None:
         return None
     if rendezvous is None or rendezvous.phase != "Running" or rendezvous.deleting:
         return None
-    starts = [other.started_at for i, other in p.observed.trainer_pods.items()
-              if (i == index or i not in p.standby) and other.phase == "Running"
-              and not other.deleting and other.started_at is not None]
-    if rendezvous.started_at is not None:
+    moments = [m for m in (_shared_clock(p), pod.started_at) if m is not None]
+    return max(moments) if moments else None
+
+
+def _shared_clock(p: _Pass) -> datetime | None:
+    """The part of every pod's clock that does not depend on the pod: the latest start of the
+    training (not standby) pods that run, the rendezvous pod's start and the last recovery.
+    Computed once per pass (`_pod_clock` runs for every pod, several times): again only when
+    the standby pods or the incidents changed since."""
+    key = (len(p.standby), len(p.incidents))
+    if p.shared_clock is not None and p.shared_clock[0] == key:
+        return p.shared_clock[1]
+    starts = [pod.started_at for i, pod in p.observed.trainer_pods.items()
+              if i not in p.standby and pod.phase == "Running" and not pod.deleting
+              and pod.started_at is not None]
+    rendezvous = p.observed.rendezvous_pod
+    if rendezvous is not None and rendezvous.started_at is not None:
         starts.append(rendezvous.started_at)
     acted = [i.acted_time for i in p.incidents if i.acted_time is not None]
     moments = starts + acted
-    return max(moments) if moments else None
+    clock = max(moments) if moments else None
+    p.shared_clock = (key, clock)
+    return clock
 
 
 def _starting_peer(p: _Pass) -> int | None:

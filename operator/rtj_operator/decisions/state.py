@@ -166,6 +166,9 @@ class _Pass:
         when (liveness.observe_ranks); never evidence of a hang."""
         self.not_starting: list[tuple[str, str, str]] = []
         """Pods that do not start: (pod, reason, message), for the PodsNotStarting condition."""
+        self.shared_clock: tuple[tuple[int, int], datetime | None] | None = None
+        """`liveness._shared_clock` of this pass, with the (standby, incidents) counts it was
+        computed for."""
 
     def restarts_within(self, action: RecoveryAction, since: datetime) -> int:
         """How many restarts of a kind the job spent since `since` (the budget window)."""
