@@ -18,7 +18,9 @@ declare a hang only on a stale heartbeat from a pod that answered, and raise
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -120,6 +122,13 @@ def node_liveness_from_json(
                         samples=tuple(samples[r] for r in sorted(samples)), expected_ranks=procs)
 
 
+def readable(pod: PodView) -> bool:
+    """Whether a pod has a liveness endpoint to read: a trainer pod running, not deleting, with
+    an IP and a node index."""
+    return (pod.phase == "Running" and not pod.deleting and bool(pod.pod_ip)
+            and pod.node_index is not None)
+
+
 class Scraper:
     """The operator's one HTTP client for the trainers: a long-lived session (created on first
     use, inside the event loop) and a bound on requests in flight across every job."""
@@ -174,7 +183,12 @@ class Scraper:
                             expected_ranks=procs)
 
     async def scrape_pod(self, pod: PodView, *, base_port: int, procs: int) -> NodeLiveness | None:
-        """One pod's liveness, or None when it could not be observed."""
+        """One pod's liveness (stamped with when it was read), or None when it could not be
+        observed."""
+        node = await self._read_pod(pod, base_port=base_port, procs=procs)
+        return dataclasses.replace(node, read_time=time.time()) if node is not None else None
+
+    async def _read_pod(self, pod: PodView, *, base_port: int, procs: int) -> NodeLiveness | None:
         assert pod.node_index is not None
         status, body = await self._get(
             f"http://{pod.pod_ip}:{pod_endpoint_port(base_port)}/ranks")
@@ -192,11 +206,7 @@ class Scraper:
         self, pods: Iterable[PodView], *, base_port: int, procs: int
     ) -> RankLiveness:
         """Every running trainer pod that has an IP and answered, by node index."""
-        targets = [
-            pod for pod in pods
-            if pod.phase == "Running" and not pod.deleting and pod.pod_ip
-            and pod.node_index is not None
-        ]
+        targets = [pod for pod in pods if readable(pod)]
         if not targets:
             return {}
         nodes = await asyncio.gather(*(
