@@ -32,8 +32,24 @@ RECONCILE_PASSES = Counter(
     registry=REGISTRY,
 )
 RECONCILE_SECONDS = Histogram(
-    "rtj_operator_reconcile_seconds", "Duration of one reconcile pass (observe, decide, act).",
-    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10), registry=REGISTRY,
+    "rtj_operator_reconcile_seconds",
+    "Duration of one reconcile pass (observe, decide, act), by the liveness it read: `all` "
+    "(every running trainer pod: the interval's pass), `due` (only the pods whose heartbeat "
+    "deadline came), `none` (a pass woken by a pod change, reusing the last reads).",
+    ["reads"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10), registry=REGISTRY,
+)
+for _reads in ("all", "due", "none"):
+    RECONCILE_SECONDS.labels(reads=_reads)  # every series exists from the start
+HEARTBEAT_STALE = Counter(
+    "rtj_operator_heartbeat_stale",
+    "Episodes of a pod's heartbeat going stale (rank state Unresponsive, Event HeartbeatStale).",
+    registry=REGISTRY,
+)
+HEARTBEAT_STALE_DETECTION_SECONDS = Histogram(
+    "rtj_operator_heartbeat_stale_detection_seconds",
+    "Seconds from the moment a pod's heartbeat went stale (its last heartbeat + "
+    "heartbeatTimeoutSeconds) to the pass that saw it.",
+    buckets=(0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30), registry=REGISTRY,
 )
 ACTIONS = Counter(
     "rtj_operator_actions", "Actions applied, by kind.", ["action"], registry=REGISTRY,
