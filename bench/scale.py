@@ -28,10 +28,10 @@ gets its chance first). For a kill: when the operator deletes the pod. A deletio
 pod, and an `Unresponsive` pod that was not hung, are false positives. Measured: those latencies
 (p50, p99, max), false positives, missed faults, ObservationDegraded conditions seen, the
 HeartbeatStale Events posted, the operator's CPU (cores, from /proc: average and peak over 5 s
-windows) and RSS, its passes (count and mean duration by the liveness they read, from its own
-metrics), API requests per second (kube-apiserver's `apiserver_request_total`, minus the
-simulator's own requests), and the simulator's and apiserver's CPU. `targets` compares the
-result with issue 12's targets. Prints one JSON object and writes it to `--out`.
+windows) and RSS, its passes (count and mean duration by what woke them) and reads of every pod
+(from its own metrics), API requests per second (kube-apiserver's `apiserver_request_total`,
+minus the simulator's own requests), and the simulator's and apiserver's CPU. `targets` compares
+the result with issue 12's targets. Prints one JSON object and writes it to `--out`.
 """
 
 from __future__ import annotations
@@ -459,33 +459,41 @@ class Sampler:
 
 
 async def operator_metrics(port: int) -> dict[str, Any]:
-    """The operator's own counters: passes by outcome, pass count and mean duration by the
-    liveness they read, stale-heartbeat detections and how late they were."""
+    """The operator's own counters: passes by outcome, pass count and mean duration by what
+    woke them, reads of every pod of a job, stale-heartbeat detections and how late they
+    were."""
     async with aiohttp.ClientSession() as session, session.get(
             f"http://127.0.0.1:{port}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
         text = await r.text()
     passes: dict[str, float] = {}
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
-    stale: dict[str, float] = {}
+    single: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "rtj_operator_reconcile_passes_total":
                 passes[sample.labels["outcome"]] = sample.value
             elif sample.name == "rtj_operator_reconcile_seconds_sum":
-                sums[sample.labels["reads"]] = sample.value
+                sums[sample.labels["trigger"]] = sample.value
             elif sample.name == "rtj_operator_reconcile_seconds_count":
-                counts[sample.labels["reads"]] = sample.value
-            elif sample.name.startswith("rtj_operator_heartbeat_stale_detection_seconds_") \
-                    and sample.name[-4:] in ("_sum", "ount"):
-                stale[sample.name.rsplit("_", 1)[1]] = sample.value
+                counts[sample.labels["trigger"]] = sample.value
+            elif sample.name.endswith(("_sum", "_count")):
+                single[sample.name] = sample.value
+
+    def mean(name: str) -> float | None:
+        n = single.get(f"{name}_count")
+        return round(single[f"{name}_sum"] / n, 4) if n else None
+
     return {
         "passes_by_outcome": passes,
-        "passes_by_reads": {k: {"n": int(v), "mean_seconds": round(sums[k] / v, 4) if v else None}
-                            for k, v in counts.items()},
-        "heartbeat_stale_detections": int(stale.get("count", 0)),
-        "heartbeat_stale_detection_lag_mean_seconds": (
-            round(stale["sum"] / stale["count"], 3) if stale.get("count") else None),
+        "passes_by_trigger": {k: {"n": int(v), "mean_seconds": round(sums[k] / v, 4)}
+                              for k, v in counts.items() if v},
+        "every_pod_reads": int(single.get("rtj_operator_liveness_read_seconds_count", 0)),
+        "every_pod_read_mean_seconds": mean("rtj_operator_liveness_read_seconds"),
+        "heartbeat_stale_detections": int(single.get(
+            "rtj_operator_heartbeat_stale_detection_seconds_count", 0)),
+        "heartbeat_stale_detection_lag_mean_seconds": mean(
+            "rtj_operator_heartbeat_stale_detection_seconds"),
     }
 
 

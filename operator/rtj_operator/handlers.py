@@ -4,9 +4,9 @@ Each handler is a few lines. Every job has one loop (`jobloop.run`, the kopf dae
 `reconcile`) that runs its passes (`reconcile.run_pass`: observe -> decide -> act), writes its
 status with one patch per pass and posts one Event per decision. Reconciliation is level-based:
 a pass reads every pod's liveness every `RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS`; in between, a
-change of one of the job's pods (the pod watch below), a pod's heartbeat deadline, a new job, a
-spec change or a restarted operator wake the loop at once (jobloop.py says how bursts are
-coalesced).
+change of one of the job's pods (the pod watch below), a pod's heartbeat deadline or a spec
+change wake the loop at once (jobloop.py says how bursts are coalesced). The loop starts with a
+full pass when kopf first sees the job (a new job, or the operator (re)started).
 
 The jobs' children are observed through three kopf indexes (watch caches of every pod, Service
 and claim with the job label, keyed by namespace and job), so a pass lists nothing. A finished
@@ -169,12 +169,10 @@ async def reconcile_continuously(body: kopf.Body, memo: kopf.Memo, stopped: kopf
                       children=_children(kwargs, namespace, name), settings=SETTINGS)
 
 
-@kopf.on.create(*RESOURCE, id="reconcile-on-create")
-@kopf.on.resume(*RESOURCE, id="reconcile-on-resume")
 @kopf.on.update(*RESOURCE, id="reconcile-on-update", field="spec")
 async def reconcile_now(memo: kopf.Memo, **_: Any) -> None:
-    """A new job, a changed spec or a restarted operator: a full pass now, not at the next
-    interval."""
+    """A changed spec (a `suspend` flip): a full pass now, not at the next interval. A new job
+    and a restarted operator need nothing here: the job's loop starts with a full pass."""
     _job_loop(memo).wake(full=True)
 
 

@@ -3,16 +3,18 @@ handlers.py), woken by what changed rather than by a fixed timer alone.
 
 A pass runs
 - at once when the loop starts (a new job, or the operator (re)started) and when the spec
-  changes (`JobLoop.wake(full=True)`), reading the liveness of every running trainer pod;
-- RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS (±10 %, so that many jobs spread out) after the last
-  such pass ended: the level-based pass, reading every pod;
+  changes (`JobLoop.wake(full=True)`), reading the liveness of every running trainer pod first;
+- every RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS (±10 %, so that many jobs spread out): the
+  level-based pass. The loop reads every running trainer pod in the background (with a
+  thousand pods that takes a while) and runs the pass once the reads are in, so that nothing
+  waits for the read;
 - soon after one of the job's pods changed (the pod watch calls `JobLoop.wake()`): a pod that
-  failed, vanished or is being deleted is acted on at once, not at the next interval after a
-  full read. Such a pass reads no liveness (the pods' last reads are reused; the decisions
-  measure a heartbeat's age at its read) and lists nothing: while the watch cache lags behind
-  the operator's own writes it waits for the cache (`reconcile.CacheLagging`). Bursts (a
-  thousand pods starting) are coalesced: at most one such pass every
-  max(EVENT_PASS_GAP_SECONDS, the last pass's duration);
+  failed, vanished or is being deleted is acted on at once, not at the next interval. Such a
+  pass reads no liveness (the pods' last reads are reused; the decisions measure a heartbeat's
+  age at its read) and lists nothing: while the watch cache lags behind the operator's own
+  writes it waits for the cache (`reconcile.CacheLagging`). Bursts (a thousand pods starting)
+  are coalesced: such passes start at least max(EVENT_PASS_GAP_SECONDS, the last one's
+  duration) apart;
 - just after a pod's heartbeat deadline (the decision's `recheck`, `JobMemo.recheck`): it reads
   only the pods due, so that a stale heartbeat is published a moment after it goes stale, and a
   hang acted on a moment after its threshold, whatever the interval and the job's size.
@@ -30,21 +32,23 @@ import logging
 import math
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
-from rtj_operator import actions, leader, metrics, reconcile
+from rtj_operator import actions, leader, metrics, observe, reconcile, scraping
 from rtj_operator.config import OperatorSettings
 from rtj_operator.errors import InvalidJobError
+from rtj_operator.observed import NodeLiveness
 
 LOG = logging.getLogger("rtj_operator")
 
 EVENT_PASS_GAP_SECONDS = 0.5
-"""Least time between the end of a pass and a pass woken by a pod change (or a longer pass's
-own duration): a burst of pod events costs a pass or two a second, not one pass per event."""
+"""Least time between the starts of two passes woken by pod changes (or the last such pass's
+duration, when longer): a burst of pod events costs a pass or two a second, not one per
+event."""
 DEADLINE_MARGIN_SECONDS = 0.05
 """A pod due at a heartbeat deadline is read this long after it (the verdict needs the
 deadline passed)."""
@@ -57,6 +61,8 @@ FINISHED = ("Succeeded", "Failed")
 
 JobKey = tuple[str, str]
 """(namespace, job name)."""
+Children = Callable[[], observe.Children]
+"""The job's pods, Services and claims, from the watch caches, now."""
 
 
 @dataclass(frozen=True)
@@ -66,75 +72,92 @@ class NextPass:
     at: float
     reads: reconcile.Reads
     trigger: str
-    """`start` (first pass, spec change), `interval`, `pods` (a pod changed), `deadline`."""
+    """`start` (first pass, spec change: reads every pod itself), `read` (time to read every
+    pod in the background), `interval` (decide on the background read just finished), `pods`
+    (a pod changed), `deadline` (a pod's heartbeat deadline came)."""
 
     @property
     def may_list(self) -> bool:
-        """Whether the pass may list the job's children when the watch cache lags (the
-        interval's pass does; one woken by a pod change waits for the cache instead)."""
+        """Whether the pass may list the job's children when the watch cache lags (the start
+        and the interval's pass do; one woken by a pod or a deadline waits for the cache)."""
         return self.trigger in ("start", "interval")
 
 
 def next_pass(*, now: float, wall_now: float, full_due: float, full_requested: bool,
-              woken: bool, last_end: float, last_seconds: float, last_start_wall: float,
+              reading: bool, read_done: bool, pods_changed: bool, last_pods_start: float,
+              last_pods_seconds: float, last_start_wall: float,
               recheck: Mapping[int, float]) -> NextPass:
-    """The next pass of a job: a full one at once when requested, else the earliest of the
-    interval's pass (`full_due`), a pass after a pod change (`woken`, coalesced: not before
-    `last_end` + max(EVENT_PASS_GAP_SECONDS, `last_seconds`)) and the first heartbeat deadline
-    (`recheck`, Unix times, not yet handled by a pass that started after it). A pass that is
-    not the interval's reads the pods whose deadlines have passed by then; one that would run
-    less than a gap before the interval's pass is the interval's pass. `now`, `full_due` and
-    `last_end` are monotonic; `wall_now` and `last_start_wall` Unix time."""
+    """The next thing a job's loop does: a full pass at once when requested; the interval's
+    pass at once when a background read of every pod just finished (`read_done`); else the
+    earliest of starting that read (at `full_due`, unless one is `reading`), a pass after a pod
+    change (`pods_changed`, coalesced: not before `last_pods_start` + max(EVENT_PASS_GAP_SECONDS,
+    `last_pods_seconds`)) and the first heartbeat deadline (`recheck`, Unix times) not yet
+    handled by a pass that started after it. Those two read the pods whose deadlines have passed
+    by then. `now`, `full_due` and `last_pods_start` are monotonic; `wall_now` and
+    `last_start_wall` Unix time."""
     if full_requested:
         return NextPass(now, reconcile.READ_EVERY_POD, "start")
-    gap = max(EVENT_PASS_GAP_SECONDS, last_seconds)
+    if read_done:
+        return NextPass(now, reconcile.READ_NONE, "interval")
     pending = {index: at for index, at in recheck.items()
                if at + DEADLINE_MARGIN_SECONDS > last_start_wall}
-    candidates = [NextPass(full_due, reconcile.READ_EVERY_POD, "interval")]
+    candidates = [] if reading else [NextPass(full_due, reconcile.READ_EVERY_POD, "read")]
     if pending:
         first = min(pending.values()) + DEADLINE_MARGIN_SECONDS
         candidates.append(NextPass(max(now, now + (first - wall_now)), reconcile.READ_NONE,
                                    "deadline"))
-    if woken:
-        candidates.append(NextPass(max(now, last_end + gap), reconcile.READ_NONE, "pods"))
+    if pods_changed:
+        gap = max(EVENT_PASS_GAP_SECONDS, last_pods_seconds)
+        candidates.append(NextPass(max(now, last_pods_start + gap), reconcile.READ_NONE, "pods"))
+    if not candidates:
+        return NextPass(math.inf, reconcile.READ_NONE, "read")  # wait for the read to finish
     chosen = min(candidates, key=lambda c: c.at)
-    if chosen.trigger != "interval" and full_due - chosen.at < gap:
-        chosen = NextPass(chosen.at, reconcile.READ_EVERY_POD, "interval")
-    if chosen.trigger == "interval":
+    if chosen.trigger == "read":
         return chosen
     when_wall = wall_now + (chosen.at - now) + 1e-3  # (float rounding)
     due = frozenset(index for index, at in pending.items()
                     if at + DEADLINE_MARGIN_SECONDS <= when_wall)
     return NextPass(chosen.at, reconcile.Reads(pods=due) if due else reconcile.READ_NONE,
-                    "deadline" if due and chosen.trigger == "deadline" else chosen.trigger)
+                    chosen.trigger)
+
+
+@dataclass(frozen=True)
+class EveryPodRead:
+    """A background read of every running trainer pod: when it began (Unix time), the pods it
+    read (node indexes) and those that answered."""
+
+    began: float
+    read: tuple[int, ...]
+    answers: Mapping[int, NodeLiveness]
 
 
 class JobLoop:
     """What wakes one job's loop, and when its passes ran."""
 
     def __init__(self) -> None:
-        self.woken = asyncio.Event()
+        self.nudge = asyncio.Event()
+        """Set by anything that may change the plan: a wake, a background read finishing."""
         self.full_requested = True
+        self.pods_changed = False
         self.full_due = 0.0
-        self.last_end = -math.inf
-        self.last_seconds = 0.0
+        self.last_pods_start = -math.inf
+        self.last_pods_seconds = 0.0
         self.last_start_wall = -math.inf
+        self.reading: asyncio.Task[EveryPodRead] | None = None
 
     def wake(self, *, full: bool = False) -> None:
-        """Run a pass soon: one that reads every pod when `full` (a spec change), else one
-        that reuses the last reads (a pod changed)."""
+        """Run a pass soon: one that reads every pod when `full` (a spec change), else one that
+        reuses the last reads (a pod changed)."""
         if full:
             self.full_requested = True
-        self.woken.set()
+        else:
+            self.pods_changed = True
+        self.nudge.set()
 
     async def sleep(self, seconds: float) -> None:
-        """Sleep, waking early for a `wake` (unless one is already waiting for its turn)."""
-        seconds = min(seconds, LONGEST_SLEEP_SECONDS)
-        if self.woken.is_set():
-            await asyncio.sleep(seconds)
-            return
+        """Sleep, waking early when nudged."""
         try:
-            await asyncio.wait_for(self.woken.wait(), seconds)
+            await asyncio.wait_for(self.nudge.wait(), min(seconds, LONGEST_SLEEP_SECONDS))
         except TimeoutError:
             pass
 
@@ -162,52 +185,110 @@ def _interval(settings: OperatorSettings) -> float:
         1 - INTERVAL_JITTER, 1 + INTERVAL_JITTER)
 
 
+async def _read_every_pod(scraper: scraping.Scraper, job_name: str, children: Children, *,
+                          base_port: int, procs: int) -> EveryPodRead:
+    began = time.time()
+    pods = reconcile.trainer_views(job_name, children()[0])
+    targets = [pod for pod in pods.values() if scraping.readable(pod)]
+    answers = await scraper.scrape(targets, base_port=base_port, procs=procs)
+    metrics.LIVENESS_READ_SECONDS.observe(time.time() - began)
+    return EveryPodRead(began, tuple(p.node_index for p in targets if p.node_index is not None),
+                        answers)
+
+
 async def run(*, key: JobKey, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
-              loop: JobLoop, stopped: kopf.DaemonStopped, children: Any,
+              loop: JobLoop, stopped: kopf.DaemonStopped, children: Children,
               settings: OperatorSettings) -> None:
-    """The job's loop, until kopf stops it (the job is deleted, or the operator exits).
-    `children` returns the job's pods, Services and claims from the watch caches."""
+    """The job's loop, until kopf stops it (the job is deleted, or the operator exits)."""
     loops: dict[JobKey, JobLoop] = memo["loops"]
     loops[key] = loop
     try:
         while not stopped:
+            loop.nudge.clear()
             now = time.monotonic()
-            plan = next_pass(now=now, wall_now=time.time(), full_due=loop.full_due,
-                             full_requested=loop.full_requested, woken=loop.woken.is_set(),
-                             last_end=loop.last_end, last_seconds=loop.last_seconds,
-                             last_start_wall=loop.last_start_wall, recheck=job.recheck)
+            reading = loop.reading is not None and not loop.reading.done()
+            plan = next_pass(
+                now=now, wall_now=time.time(), full_due=loop.full_due,
+                full_requested=loop.full_requested, reading=reading,
+                read_done=loop.reading is not None and loop.reading.done(),
+                pods_changed=loop.pods_changed, last_pods_start=loop.last_pods_start,
+                last_pods_seconds=loop.last_pods_seconds, last_start_wall=loop.last_start_wall,
+                recheck=job.recheck)
             if plan.at > now:
                 await loop.sleep(plan.at - now)
                 continue
-            loop.woken.clear()
-            if plan.reads.every_pod:
-                loop.full_requested = False
-            loop.last_start_wall = time.time()
-            retry: float | None = None
-            try:
-                await run_pass(body=body, memo=memo, job=job, plan=plan, children=children(),
-                               settings=settings)
-            except kopf.TemporaryError as error:
-                metrics.RECONCILE_PASSES.labels(outcome="retry").inc()
-                LOG.warning("%s/%s: pass failed, retried in %g s: %s", *key, error.delay, error)
-                retry = error.delay or settings.reconcile_interval_seconds
-            except Exception:
-                metrics.RECONCILE_PASSES.labels(outcome="error").inc()
-                LOG.exception("%s/%s: pass failed", *key)
-                retry = settings.reconcile_interval_seconds
-            end = time.monotonic()
-            loop.last_end, loop.last_seconds = end, end - now
-            if plan.reads.every_pod:
-                loop.full_due = end + _interval(settings)
-            if retry is not None:
-                loop.full_due = min(loop.full_due, end + retry)
+            if plan.trigger == "read" and job.procs_per_node is None:
+                plan = NextPass(now, reconcile.READ_EVERY_POD, "start")  # size not known yet
+            if plan.trigger == "read" and job.procs_per_node is not None:
+                loop.reading = asyncio.create_task(_read_every_pod(
+                    memo["scraper"], key[1], children, base_port=settings.trainer_metrics_port,
+                    procs=job.procs_per_node))
+                loop.reading.add_done_callback(lambda _task: loop.nudge.set())
+                continue
+            if plan.trigger == "interval" and loop.reading is not None:
+                if not _take_read(loop.reading, job, key, children):
+                    loop.reading = None
+                    loop.full_due = now + settings.reconcile_interval_seconds
+                    continue
+                loop.reading = None
+            await _pass_and_schedule(plan, key=key, body=body, memo=memo, job=job, loop=loop,
+                                     children=children, settings=settings)
     finally:
+        if loop.reading is not None:
+            loop.reading.cancel()
         if loops.get(key) is loop:
             del loops[key]
 
 
+def _take_read(task: asyncio.Task[EveryPodRead], job: reconcile.JobMemo, key: JobKey,
+               children: Children) -> bool:
+    """Merge a finished background read into the job's last reads (a pod read again since it
+    began keeps its newer read); False when the read failed."""
+    try:
+        done = task.result()
+    except Exception:
+        LOG.exception("%s/%s: reading the pods' liveness failed", *key)
+        return False
+    pods = reconcile.trainer_views(key[1], children()[0])
+    job.liveness = reconcile.merged_reads(job.liveness, done.answers, done.read, pods,
+                                          since=done.began)
+    return True
+
+
+async def _pass_and_schedule(plan: NextPass, *, key: JobKey, body: kopf.Body, memo: kopf.Memo,
+                             job: reconcile.JobMemo, loop: JobLoop, children: Children,
+                             settings: OperatorSettings) -> None:
+    """Run the planned pass (a full read inline when the job's size is not known yet, as for
+    the first pass) and schedule what follows from it."""
+    started = time.monotonic()
+    loop.pods_changed = False
+    if plan.reads.every_pod:
+        loop.full_requested = False
+    loop.last_start_wall = time.time()
+    retry: float | None = None
+    try:
+        await run_pass(body=body, memo=memo, job=job, plan=plan, children=children(),
+                       settings=settings)
+    except kopf.TemporaryError as error:
+        metrics.RECONCILE_PASSES.labels(outcome="retry").inc()
+        LOG.warning("%s/%s: pass failed, retried in %g s: %s", *key, error.delay, error)
+        retry = error.delay or settings.reconcile_interval_seconds
+    except Exception:
+        metrics.RECONCILE_PASSES.labels(outcome="error").inc()
+        LOG.exception("%s/%s: pass failed", *key)
+        retry = settings.reconcile_interval_seconds
+    end = time.monotonic()
+    if plan.trigger == "pods":
+        loop.last_pods_start, loop.last_pods_seconds = started, end - started
+    if plan.reads.every_pod or plan.trigger == "interval":
+        loop.full_due = end + _interval(settings)
+    if retry is not None:
+        loop.full_due = min(loop.full_due, end + retry)
+
+
 async def run_pass(*, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
-                   plan: NextPass, children: Any, settings: OperatorSettings) -> None:
+                   plan: NextPass, children: observe.Children,
+                   settings: OperatorSettings) -> None:
     """One pass (observe, decide, act), then its status write and Events: nothing when this
     replica is not the leader any more, or the job is finished and idle."""
     elector: leader.LeaseElector | None = memo.get("elector")
@@ -233,7 +314,7 @@ async def run_pass(*, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
                 result = await reconcile.run_pass(
                     body=body, memo=job, api=memo["api"], settings=settings,
                     scraper=memo["scraper"], node_cache=memo["nodes"], children=children,
-                    reads=plan.reads, may_list=plan.may_list)
+                    reads=plan.reads, may_list=plan.may_list, trigger=plan.trigger)
             except InvalidJobError as error:  # permanent: write why, never act
                 metrics.RECONCILE_PASSES.labels(outcome="invalid").inc()
                 if error.status:

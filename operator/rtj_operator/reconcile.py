@@ -28,7 +28,7 @@ from rtj_operator.api.status import ResilientTrainingJobStatus, compact_ranks
 from rtj_operator.config import OperatorSettings
 from rtj_operator.errors import InvalidJobError
 from rtj_operator.intents import CreateObject, DeletePod, PostEvent
-from rtj_operator.observed import NodeLiveness, Observed
+from rtj_operator.observed import NodeLiveness, Observed, PodView
 from rtj_operator.podplan import plan_for
 
 
@@ -50,6 +50,9 @@ class JobMemo:
     recheck: dict[int, float] = field(default_factory=dict)
     """The last decision's heartbeat deadlines (Unix time), by node index: a read of that pod
     just after it decides whether it is Unresponsive or hung."""
+    procs_per_node: int | None = None
+    """Ranks per pod, from the last pass's plan: what a read of every pod between passes
+    expects."""
     written: dict[str, tuple[Any, float]] = field(default_factory=dict)
     """Top-level status fields this operator wrote (value, monotonic time) that the watch has
     not shown yet (`unseen_writes`)."""
@@ -187,13 +190,19 @@ def now_utc() -> datetime:
 
 
 def merged_reads(previous: Mapping[int, NodeLiveness], fresh: Mapping[int, NodeLiveness],
-                 read: Iterable[int], pods: Mapping[int, Any]) -> dict[int, NodeLiveness]:
+                 read: Iterable[int], pods: Mapping[int, Any],
+                 since: float | None = None) -> dict[int, NodeLiveness]:
     """The job's last liveness reads once the pods `read` (node indexes) were read again and
     `fresh` holds those that answered: a pod read again that did not answer is silent now (no
     read kept), and a read of a pod since replaced (another UID at its index) or gone is
-    dropped. `pods` are the trainer pods (PodView) by node index."""
+    dropped. A read that began at `since` (Unix time) leaves a pod's read made after that (a
+    heartbeat deadline's, meanwhile) as it is. `pods` are the trainer pods (PodView) by node
+    index."""
     merged = dict(previous)
     for index in read:
+        kept = merged.get(index)
+        if since is not None and kept is not None and (kept.read_time or 0.0) > since:
+            continue
         if index in fresh:
             merged[index] = fresh[index]
         else:
@@ -217,6 +226,13 @@ async def _read_liveness(memo: JobMemo, scraper: scraping.Scraper, observed: Obs
     return memo.liveness
 
 
+def trainer_views(job_name: str, pods: Iterable[Mapping[str, Any]]) -> dict[int, PodView]:
+    """The job's trainer pods (from the watch cache) as the decisions see them, by node
+    index."""
+    return dict(observe.observed_from(job_name=job_name, job_uid="", pods=pods, services=(),
+                                      claims=()).trainer_pods)
+
+
 class CacheLagging(Exception):
     """The watch cache does not show this operator's own writes yet, and the pass may not list
     the children instead (a pass woken by a pod change waits for the cache)."""
@@ -233,12 +249,13 @@ async def run_pass(
     children: observe.Children | None = None,
     reads: Reads = READ_EVERY_POD,
     may_list: bool = True,
+    trigger: str = "start",
 ) -> PassResult:
     """Observe the job's children (from the operator's watch caches, `children`; listed from
     the API server when None, or when the caches lag behind the operator's own writes and
     `may_list`: else CacheLagging) and their nodes (the operator-wide `node_cache`) and ranks
     (those `reads` names read now, the others' last reads reused), decide, apply the
-    actions."""
+    actions. `trigger` (what woke the pass) labels its duration metric."""
     started = time.monotonic()
     raw = plain(body)
     memo.written = unseen_writes(memo.written, raw.get("status") or {}, started)
@@ -260,6 +277,7 @@ async def run_pass(
         job = job.model_copy(update={"status": None})
     namespace = job.metadata.namespace or ""
     plan = plan_for(job, settings)
+    memo.procs_per_node = plan.procs_per_node
     if children is not None:
         unmet = unmet_expectations(memo.expected, children)
         memo.expected = {k: t for k, t in memo.expected.items()
@@ -300,9 +318,7 @@ async def run_pass(
     for incident in decision.incidents:
         if incident.action in decisions.OPERATOR_ACTIONS:
             metrics.RESTARTS.labels(action=incident.action).inc()
-    metrics.RECONCILE_SECONDS.labels(
-        reads="all" if reads.every_pod else "due" if reads.pods else "none",
-    ).observe(time.monotonic() - started)
+    metrics.RECONCILE_SECONDS.labels(trigger=trigger).observe(time.monotonic() - started)
     metrics.record_job_state(f"{namespace}/{job.name}", decision.status.state)
     metrics.record_job_status(namespace, job.name, decision.status)
     patch = status_patch(current_status, api_status(decision.status))

@@ -54,3 +54,22 @@ def test_a_pod_read_again_replaces_its_read_and_one_that_did_not_answer_loses_it
     merged = merged_reads(previous, {0: read(0, "a", 5.0)}, [0, 1], pods)
     assert merged == {0: read(0, "a", 5.0)}  # 1 read again, silent; 2 and 3 dropped
     assert merged_reads(previous, {}, [], pods) == {0: previous[0], 1: previous[1]}
+
+
+def test_a_read_of_every_pod_leaves_a_newer_read_of_one_pod_as_it_is() -> None:
+    # A heartbeat deadline read pod 0 at t=7 while a read of every pod, begun at t=5, was under
+    # way; that read's answer for pod 0 (from t=6) or its silence is older.
+    from rtj_operator.observed import NodeLiveness, PodView
+    from rtj_operator.reconcile import merged_reads
+
+    pods = {i: PodView(name=f"j-{i}", uid=f"u{i}", role="trainer", node_index=i)
+            for i in range(2)}
+
+    def read(index: int, at: float) -> NodeLiveness:
+        return NodeLiveness(node_index=index, pod_uid=f"u{index}", expected_ranks=1,
+                            read_time=at)
+
+    previous = {0: read(0, 7.0), 1: read(1, 1.0)}
+    assert merged_reads(previous, {0: read(0, 6.0), 1: read(1, 6.0)}, [0, 1], pods,
+                        since=5.0) == {0: read(0, 7.0), 1: read(1, 6.0)}
+    assert merged_reads(previous, {}, [0, 1], pods, since=5.0) == {0: read(0, 7.0)}
