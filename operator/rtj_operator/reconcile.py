@@ -220,7 +220,8 @@ async def _read_liveness(memo: JobMemo, scraper: scraping.Scraper, observed: Obs
                                                   procs=procs))
         return memo.liveness
     due = [pods[i] for i in sorted(reads.pods) if i in pods and scraping.readable(pods[i])]
-    fresh = await scraper.scrape(due, base_port=base_port, procs=procs) if due else {}
+    fresh = await scraper.scrape(due, base_port=base_port, procs=procs,
+                                 urgent=True) if due else {}
     memo.liveness = merged_reads(memo.liveness, fresh, (p.node_index for p in due
                                                         if p.node_index is not None), pods)
     return memo.liveness
