@@ -15,16 +15,23 @@ loop:
   (`GET /ranks` on RTJ_METRICS_PORT - 1, rtj_trainer.podmetrics's JSON), reporting its
   `procs-per-node` ranks with a heartbeat every second and a step that advances.
 
+Jobs are created `--stagger-seconds` apart (a hundred jobs at once time a loaded apiserver
+out); the simulator retries API calls that time out or get 429/5xx.
+
 Once every job is Running, faults are injected one at a time at random moments, alternating: a
-rank hangs (its heartbeat freezes; the operator may act only after heartbeatTimeoutSeconds +
-initialHeartbeatTimeoutSeconds) or a pod is killed (its status turns Failed, exit 137). Detection
-is when the operator deletes that pod (the simulated kubelet sees its deletionTimestamp). A
-deletion of any other pod is a false positive. Measured: detection latency (p50, p99, max; for
-the hang also the excess over the operator's threshold), false positives, ObservationDegraded
-conditions seen, the operator's CPU (cores, from /proc: average and peak over 5 s windows) and
-RSS, API requests per second (kube-apiserver's `apiserver_request_total`, minus the simulator's
-own requests), and the simulator's and apiserver's CPU. Prints one JSON object and writes it to
-`--out`.
+rank hangs (its heartbeat freezes) or a pod is killed (its status turns Failed, exit 137). For a
+hang two moments are measured: when the job's status first shows the pod `Unresponsive`
+(detection: the operator publishes a heartbeat older than heartbeatTimeoutSeconds; the bench
+watches the jobs) and when the operator deletes the pod (action: only after
+heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds, so that ft_launcher's in-pod restart
+gets its chance first). For a kill: when the operator deletes the pod. A deletion of any other
+pod, and an `Unresponsive` pod that was not hung, are false positives. Measured: those latencies
+(p50, p99, max), false positives, missed faults, ObservationDegraded conditions seen, the
+HeartbeatStale Events posted, the operator's CPU (cores, from /proc: average and peak over 5 s
+windows) and RSS, its passes (count and mean duration by what woke them) and reads of every pod
+(from its own metrics), API requests per second (kube-apiserver's `apiserver_request_total`,
+minus the simulator's own requests), and the simulator's and apiserver's CPU. `targets` compares
+the result with issue 12's targets. Prints one JSON object and writes it to `--out`.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from .common import REPO_ROOT, machine_description, write_json
 
@@ -54,11 +62,18 @@ GROUP_PATH = "/apis/training.resilient.dev/v1alpha1"
 JOB_LABEL = "training.resilient.dev/job"
 ROLE_LABEL = "training.resilient.dev/role"
 INDEX_LABEL = "training.resilient.dev/node-index"
+ATTEMPT_LABEL = "training.resilient.dev/attempt"
 METRICS_PORT = 9400
 HEARTBEAT_TIMEOUT = 10
 INITIAL_HEARTBEAT_TIMEOUT = 10
 HANG_THRESHOLD = HEARTBEAT_TIMEOUT + INITIAL_HEARTBEAT_TIMEOUT
+DETECTION_SLACK = 2.0
+"""Issue 12: a hang detected within heartbeatTimeoutSeconds + 2 s (p99)."""
+KILL_TARGET = 5.0
+"""Issue 12: a pod loss acted on within 5 s."""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+TRANSIENT = (429, 500, 502, 503, 504)
+"""API answers the simulator retries (an overloaded apiserver)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -74,6 +89,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--start-timeout", type=float, default=600.0,
                         help="seconds for every job to reach Running (default 600)")
+    parser.add_argument("--stagger-seconds", type=float, default=0.2,
+                        help="seconds between two job creations (default 0.2)")
+    parser.add_argument("--reconcile-interval", type=float, default=None,
+                        help="RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS (default: the operator's)")
     return parser.parse_args(argv)
 
 
@@ -130,15 +149,31 @@ class Api:
         self.requests = 0
 
     async def call(self, method: str, path: str, body: Any = None, *,
-                   content_type: str = "application/json", ok: tuple[int, ...] = ()) -> Any:
-        self.requests += 1
+                   content_type: str = "application/json", ok: tuple[int, ...] = (),
+                   attempts: int = 6) -> Any:
+        """One API call; a timeout, a dropped connection or a 429/5xx answer is retried
+        (`attempts` in all, backing off from 0.5 s): an overloaded apiserver is slow, not
+        wrong."""
         data = json.dumps(body) if body is not None else None
-        async with self.session.request(method, self.server + path, data=data,
-                                        headers={"Content-Type": content_type}) as response:
-            text = await response.text()
-            if response.status >= 400 and response.status not in ok:
-                raise RuntimeError(f"{method} {path}: {response.status} {text[:300]}")
-            return json.loads(text) if text and text.startswith("{") else text
+        for attempt in range(attempts):
+            self.requests += 1
+            last = attempt == attempts - 1
+            try:
+                async with self.session.request(
+                        method, self.server + path, data=data,
+                        headers={"Content-Type": content_type}) as response:
+                    text = await response.text()
+                    if response.status in TRANSIENT and not last:
+                        await asyncio.sleep(0.5 * 2 ** attempt)
+                        continue
+                    if response.status >= 400 and response.status not in ok:
+                        raise RuntimeError(f"{method} {path}: {response.status} {text[:300]}")
+                    return json.loads(text) if text and text.startswith("{") else text
+            except (TimeoutError, aiohttp.ClientError):
+                if last:
+                    raise
+                await asyncio.sleep(0.5 * 2 ** attempt)
+        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         await self.session.close()
@@ -155,6 +190,7 @@ class SimPod:
     job: str
     role: str
     index: int | None
+    attempt: int | None
     node: str
     ip: str
     started: float = field(default_factory=time.time)
@@ -229,14 +265,17 @@ class Simulator:
             labels = meta.get("labels") or {}
             node = self.free_nodes.pop(0)
             index = labels.get(INDEX_LABEL)
+            attempt = labels.get(ATTEMPT_LABEL)
             pod = SimPod(namespace=meta["namespace"], name=meta["name"], uid=uid,
                          job=labels.get(JOB_LABEL, ""), role=labels.get(ROLE_LABEL, ""),
-                         index=int(index) if index is not None else None, node=node,
+                         index=int(index) if index is not None else None,
+                         attempt=int(attempt) if attempt is not None else None, node=node,
                          ip=self._ip())
             base = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
             await self.api.call("POST", base + "/binding", {
                 "apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod.name},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}},
+                ok=(409,))  # a retried binding that had gone through
             if pod.role == "trainer":
                 await self.serve(pod)
             self.pods[uid] = pod
@@ -325,6 +364,52 @@ class Simulator:
             content_type="application/merge-patch+json")
 
 
+class StatusWatch:
+    """Watches the jobs and notes when each pod (name, attempt) first shows `Unresponsive` in
+    its job's `status.ranks` (an episode: noted again after it left the state)."""
+
+    def __init__(self, api: Api, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.current: dict[str, set[tuple[str, int | None]]] = {}
+        """Job -> the (pod, attempt) Unresponsive in its latest status."""
+        self.episodes: list[tuple[float, str, int | None]] = []
+        """(when first seen, pod, attempt), in order."""
+
+    def on_job(self, obj: dict[str, Any]) -> None:
+        now = time.time()
+        name = (obj.get("metadata") or {}).get("name", "")
+        ranks = (obj.get("status") or {}).get("ranks") or []
+        seen = {(r.get("pod") or "", r.get("attempt")) for r in ranks
+                if r.get("state") == "Unresponsive"}
+        for pod, attempt in sorted(seen - self.current.get(name, set()), key=str):
+            self.episodes.append((now, pod, attempt))
+        self.current[name] = seen
+
+    def first_seen(self, pod: str, attempt: int | None) -> float | None:
+        return next((t for t, p, a in self.episodes if p == pod and a == attempt), None)
+
+    async def run(self) -> None:
+        path = f"{GROUP_PATH}/namespaces/{self.namespace}/resilienttrainingjobs"
+        while True:
+            try:
+                listing = await self.api.call("GET", path)
+                for item in listing["items"]:
+                    self.on_job(item)
+                url = (f"{self.api.server}{path}?watch=1"
+                       f"&resourceVersion={listing['metadata']['resourceVersion']}")
+                self.api.requests += 1
+                async with self.api.session.get(
+                        url, timeout=aiohttp.ClientTimeout(total=None, sock_read=None)) as stream:
+                    async for line in stream.content:
+                        if line.strip():
+                            event = json.loads(line)
+                            if event.get("type") in ("ADDED", "MODIFIED"):
+                                self.on_job(event["object"])
+            except (TimeoutError, aiohttp.ClientError, RuntimeError):
+                await asyncio.sleep(0.5)
+
+
 def iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -373,6 +458,45 @@ class Sampler:
                 "rss_mib_end": round(rows[-1][2] / 2**20, 1)}
 
 
+async def operator_metrics(port: int) -> dict[str, Any]:
+    """The operator's own counters: passes by outcome, pass count and mean duration by what
+    woke them, reads of every pod of a job, stale-heartbeat detections and how late they
+    were."""
+    async with aiohttp.ClientSession() as session, session.get(
+            f"http://127.0.0.1:{port}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+        text = await r.text()
+    passes: dict[str, float] = {}
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    single: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "rtj_operator_reconcile_passes_total":
+                passes[sample.labels["outcome"]] = sample.value
+            elif sample.name == "rtj_operator_reconcile_seconds_sum":
+                sums[sample.labels["trigger"]] = sample.value
+            elif sample.name == "rtj_operator_reconcile_seconds_count":
+                counts[sample.labels["trigger"]] = sample.value
+            elif sample.name.endswith(("_sum", "_count")):
+                single[sample.name] = sample.value
+
+    def mean(name: str) -> float | None:
+        n = single.get(f"{name}_count")
+        return round(single[f"{name}_sum"] / n, 4) if n else None
+
+    return {
+        "passes_by_outcome": passes,
+        "passes_by_trigger": {k: {"n": int(v), "mean_seconds": round(sums[k] / v, 4)}
+                              for k, v in counts.items() if v},
+        "every_pod_reads": int(single.get("rtj_operator_liveness_read_seconds_count", 0)),
+        "every_pod_read_mean_seconds": mean("rtj_operator_liveness_read_seconds"),
+        "heartbeat_stale_detections": int(single.get(
+            "rtj_operator_heartbeat_stale_detection_seconds_count", 0)),
+        "heartbeat_stale_detection_lag_mean_seconds": mean(
+            "rtj_operator_heartbeat_stale_detection_seconds"),
+    }
+
+
 async def request_total(api: Api) -> float:
     text = await api.call("GET", "/metrics")
     total = 0.0
@@ -405,7 +529,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from harness.cluster import CRD_DIR, Cluster
     from harness.controlplane import ControlPlane, ensure_binaries
 
-    from .operator_recovery import start_operator
+    from .operator_recovery import operator_ports, start_operator
 
     rng = random.Random(args.seed)
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="rtj-bench-scale."))).resolve()
@@ -445,7 +569,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         sim = Simulator(api, names, args.procs_per_node)
         tasks.append(asyncio.ensure_future(sim.kubelet()))
-        operator = await asyncio.to_thread(start_operator, cluster, work / "operator.log", None)
+        ports = operator_ports()
+        operator = await asyncio.to_thread(start_operator, cluster, work / "operator.log",
+                                           args.reconcile_interval, ports)
         operator_pid = operator.process.pid
         sampler = Sampler(operator_pid)
         tasks.append(asyncio.ensure_future(sampler.run()))
@@ -453,10 +579,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                              if p.name == "kube-apiserver")
         api_sampler = Sampler(apiserver_pid)
         tasks.append(asyncio.ensure_future(api_sampler.run()))
+        watch = StatusWatch(api, namespace)
+        tasks.append(asyncio.ensure_future(watch.run()))
+        created = time.monotonic()
         for j in range(args.jobs):
+            if j:
+                await asyncio.sleep(args.stagger_seconds)
             await api.call("POST", f"{GROUP_PATH}/namespaces/{namespace}/resilienttrainingjobs",
-                           job_manifest(f"job-{j:03d}", args.nodes, args.procs_per_node))
-        startup = await wait_running(api, namespace, args.jobs, args.start_timeout)
+                           job_manifest(f"job-{j:03d}", args.nodes, args.procs_per_node),
+                           ok=(409,))  # a retried create that had gone through
+        created = time.monotonic() - created
+        startup = await wait_running(api, namespace, args.jobs, args.start_timeout) + created
         print(f"[bench.scale] every job Running after {startup:.1f} s", flush=True)
         await asyncio.sleep(5)
 
@@ -467,9 +600,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         requests0 = await request_total(api)
         sim_requests0 = api.requests
         expected_deletions: set[str] = set()
+        hung: set[tuple[str, int | None]] = set()
         known_deletions = len(sim.deletions)
+        known_episodes = len(watch.episodes)
         hangs: list[float] = []
+        hang_detections: list[float] = []
         kills: list[float] = []
+        false_detections: list[str] = []
         misses: list[str] = []
         false_positives: list[str] = []
         degraded_seen: set[str] = set()
@@ -477,11 +614,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         kind_next = "hang"
 
         def new_false_positives() -> None:
-            nonlocal known_deletions
+            nonlocal known_deletions, known_episodes
             for _at, name, uid in sim.deletions[known_deletions:]:
                 if uid not in expected_deletions:
                     false_positives.append(name)
             known_deletions = len(sim.deletions)
+            for _at, pod, attempt in watch.episodes[known_episodes:]:
+                if (pod, attempt) not in hung:
+                    false_detections.append(f"{pod} (attempt {attempt})")
+            known_episodes = len(watch.episodes)
 
         async def check_degraded() -> None:
             assert api is not None
@@ -505,6 +646,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             expected_deletions.add(target.uid)
             injected = time.time()
             if kind_next == "hang":
+                hung.add((target.name, target.attempt))
                 target.hung[rng.randrange(args.procs_per_node)] = float(int(injected))
             else:
                 await sim.kill(target)
@@ -516,6 +658,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 misses.append(f"{kind_next} {target.name}")
             else:
                 (hangs if kind_next == "hang" else kills).append(seen - injected)
+            if kind_next == "hang":
+                await asyncio.sleep(1)  # the status watch may deliver a moment later
+                detected = watch.first_seen(target.name, target.attempt)
+                if detected is None:
+                    misses.append(f"hang {target.name}: never Unresponsive in status")
+                else:
+                    hang_detections.append(detected - injected)
             kind_next = "kill" if kind_next == "hang" else "hang"
             # Wait for the job to be whole again before the next fault: the replacement runs
             # (its start restarts the others' heartbeat clocks) and the job says Running.
@@ -534,11 +683,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         new_false_positives()
         await check_degraded()
         wall = time.monotonic() - t0
+        stale_events = await api.call(
+            "GET", f"/api/v1/namespaces/{namespace}/events?fieldSelector=reason%3DHeartbeatStale")
+        try:
+            internals = await operator_metrics(int(ports["RTJ_OPERATOR_METRICS_PORT"]))
+        except (OSError, aiohttp.ClientError, TimeoutError) as error:
+            internals = {"error": str(error)}
         requests = await request_total(api) - requests0
         sim_requests = api.requests - sim_requests0
         sim_cpu = time.process_time() - sim_cpu0
         hang_excess = [h - HANG_THRESHOLD for h in hangs]
+        detection_excess = [h - HEARTBEAT_TIMEOUT for h in hang_detections]
         total_pods = args.jobs * args.nodes
+        operator_usage = sampler.summary(t0)
         return {
             "benchmark": "scale",
             "command": "python -m bench.scale " + shlex.join(argv_of(args)),
@@ -550,14 +707,34 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "heartbeat_timeout_seconds": HEARTBEAT_TIMEOUT,
             "initial_heartbeat_timeout_seconds": INITIAL_HEARTBEAT_TIMEOUT,
             "hang_threshold_seconds": HANG_THRESHOLD,
-            "hang_detection_seconds": spread(hangs),
-            "hang_detection_excess_over_threshold_seconds": spread(hang_excess),
-            "kill_detection_seconds": spread(kills),
+            "hang_to_unresponsive_seconds": spread(hang_detections),
+            "hang_to_unresponsive_past_heartbeat_timeout_seconds": spread(detection_excess),
+            "hang_to_pod_deleted_seconds": spread(hangs),
+            "hang_to_pod_deleted_past_threshold_seconds": spread(hang_excess),
+            "kill_to_pod_deleted_seconds": spread(kills),
             "missed_detections": misses,
-            "false_positives": len(false_positives),
-            "false_positive_pods": false_positives[:20],
+            "false_positives": len(false_positives) + len(false_detections),
+            "false_positive_deletions": false_positives[:20],
+            "false_positive_detections": false_detections[:20],
+            "heartbeat_stale_events": len(stale_events.get("items") or []),
             "observation_degraded_jobs": sorted(degraded_seen),
-            "operator": sampler.summary(t0),
+            "targets": {
+                "hang_detected_p99_within_seconds": HEARTBEAT_TIMEOUT + DETECTION_SLACK,
+                "hang_detected_met": bool(hang_detections) and (
+                    percentile(hang_detections, 99) or 0) <= HEARTBEAT_TIMEOUT + DETECTION_SLACK,
+                "hang_acted_p99_within_seconds_of_threshold": DETECTION_SLACK,
+                "hang_acted_met": bool(hangs) and (
+                    percentile(hang_excess, 99) or 0) <= DETECTION_SLACK,
+                "kill_acted_p99_within_seconds": KILL_TARGET,
+                "kill_acted_met": bool(kills) and (percentile(kills, 99) or 0) <= KILL_TARGET,
+                "no_false_positives": not false_positives and not false_detections,
+                "operator_cores_average_at_most": 1.0,
+                "operator_rss_mib_at_most": 1024,
+                "operator_met": (operator_usage.get("cores_average", 99) <= 1.0
+                                 and operator_usage.get("rss_mib_max", 1e9) <= 1024),
+            },
+            "operator": operator_usage,
+            "operator_internals": internals,
             "kube_apiserver": api_sampler.summary(t0),
             "api_requests_per_second": round(requests / wall, 1),
             "simulator_api_requests_per_second": round(sim_requests / wall, 1),
@@ -582,6 +759,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def argv_of(args: argparse.Namespace) -> list[str]:
     out = ["--nodes", str(args.nodes), "--procs-per-node", str(args.procs_per_node),
            "--minutes", f"{args.minutes:g}", "--jobs", str(args.jobs)]
+    if args.seed is not None:
+        out += ["--seed", str(args.seed)]
+    if args.jobs > 1:
+        out += ["--stagger-seconds", f"{args.stagger_seconds:g}"]
+    if args.reconcile_interval is not None:
+        out += ["--reconcile-interval", f"{args.reconcile_interval:g}"]
     if args.out is not None:
         out += ["--out", str(args.out)]
     return out

@@ -6,9 +6,10 @@ precondition) are no-ops, and so is a patch of a Workload that changed meanwhile
 resourceVersion: the next pass reads it again). A create refused with 403 (Pod Security
 admission, an admission policy, a quota) is reported back as `intents.CreateRefused` and the
 remaining actions still run: the pass writes the refusal into the status instead of retrying
-(docs/security.md). Other API errors surface as `kopf.TemporaryError`, so kopf retries the pass
-a moment later. Events are not posted here but by the handler, through kopf (they are a separate
-field of the decision, `intents.PostEvent`).
+(docs/security.md). Other API errors surface as `kopf.TemporaryError`, so the job's loop retries
+the pass a moment later. Events are not posted here but by the job's loop, through kopf (they are
+a separate field of the decision, `intents.PostEvent`), after `patch_status` wrote the pass's
+status.
 """
 
 from __future__ import annotations
@@ -139,6 +140,31 @@ async def apply(
     """Apply the actions in order, in a worker thread (the client is synchronous); `timeout`
     bounds each API call. Returns the creates the API server refused with 403."""
     return await asyncio.to_thread(_apply_all, api, namespace, job_name, actions, timeout)
+
+
+def _patch_status(api: kubernetes.client.ApiClient, namespace: str, name: str,
+                  status: dict[str, Any], timeout: float) -> None:
+    try:
+        kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status},
+            _request_timeout=timeout, _content_type="application/merge-patch+json",
+        )
+    except ApiException as error:
+        if error.status == 404:
+            return  # the job is gone
+        raise kopf.TemporaryError(
+            f"writing the status failed: {error.status} {error.reason}",
+            delay=RETRY_DELAY_SECONDS,
+        ) from error
+
+
+async def patch_status(
+    api: kubernetes.client.ApiClient, *, namespace: str, name: str, status: dict[str, Any],
+    timeout: float,
+) -> None:
+    """Write a job's status fields with one merge patch of its status subresource (None removes
+    a field), in a worker thread; `timeout` bounds the call. A job already gone is no error."""
+    await asyncio.to_thread(_patch_status, api, namespace, name, status, timeout)
 
 
 def _delete_children(

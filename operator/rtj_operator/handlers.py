@@ -1,13 +1,16 @@
 """The kopf handlers: the only module with kopf decorators.
 
-Each handler is a few lines: it hands the job to `reconcile.run_pass` (observe -> decide -> act),
-writes the status with one patch and posts one Event per decision. Reconciliation is level-based:
-a timer runs a pass every `RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS`, and create/update/resume run
-one at once so that a new job or a `suspend` flip does not wait for the timer.
+Each handler is a few lines. Every job has one loop (`jobloop.run`, the kopf daemon
+`reconcile`) that runs its passes (`reconcile.run_pass`: observe -> decide -> act), writes its
+status with one patch per pass and posts one Event per decision. Reconciliation is level-based:
+a pass reads every pod's liveness every `RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS`; in between, a
+change of one of the job's pods (the pod watch below), a pod's heartbeat deadline or a spec
+change wake the loop at once (jobloop.py says how bursts are coalesced). The loop starts with a
+full pass when kopf first sees the job (a new job, or the operator (re)started).
 
 The jobs' children are observed through three kopf indexes (watch caches of every pod, Service
 and claim with the job label, keyed by namespace and job), so a pass lists nothing. A finished
-job with no pods left and no `ttlSecondsAfterFinished` costs nothing: its timer returns at once.
+job with no pods left and no `ttlSecondsAfterFinished` costs nothing: its loop skips the pass.
 """
 
 from __future__ import annotations
@@ -19,16 +22,14 @@ from typing import Any
 import kopf
 import kubernetes.client
 
-from rtj_operator import actions, kueueapi, leader, metrics, naming, observe, reconcile, scraping
+from rtj_operator import actions, jobloop, leader, metrics, naming, observe, reconcile, scraping
 from rtj_operator.api import GROUP, PLURAL, VERSION
 from rtj_operator.config import OperatorSettings, settings_from_environment
-from rtj_operator.errors import InvalidJobError
 
 SETTINGS: OperatorSettings = settings_from_environment()
 RESOURCE = (GROUP, VERSION, PLURAL)
 LOG = logging.getLogger("rtj_operator")
-"""Decisions are logged here; kopf's own per-object logger is quietened (it logs every timer
-run at INFO)."""
+"""Decisions are logged here; kopf's own per-object logger is quietened."""
 
 
 def _job_memo(memo: kopf.Memo) -> reconcile.JobMemo:
@@ -38,102 +39,65 @@ def _job_memo(memo: kopf.Memo) -> reconcile.JobMemo:
     return job_memo
 
 
+def _job_loop(memo: kopf.Memo) -> jobloop.JobLoop:
+    if "loop" not in memo:
+        memo["loop"] = jobloop.JobLoop()
+    loop: jobloop.JobLoop = memo["loop"]
+    return loop
+
+
 def stuck_passes(in_flight: dict[str, float], now: float, limit: float) -> list[str]:
     """The jobs whose reconcile pass has run longer than `limit` seconds (monotonic clock)."""
     return sorted(job for job, began in in_flight.items() if now - began > limit)
 
 
 IndexKey = tuple[str | None, str]
-FINISHED = ("Succeeded", "Failed")
+finished_and_idle = jobloop.finished_and_idle
 
 
+# Async (not plain def) so that kopf calls them in the event loop, not through a worker thread:
+# a thousand pods starting are thousands of watch events.
 @kopf.index("pods", labels={naming.JOB_LABEL: kopf.PRESENT})
-def job_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
-             **_: Any) -> dict[IndexKey, dict[str, Any]]:
+async def job_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
+                   **_: Any) -> dict[IndexKey, dict[str, Any]]:
     """Watch cache: every labelled pod (the fields the decisions read), by (namespace, job)."""
     return {(namespace, labels[naming.JOB_LABEL]): observe.slim_pod(body)}
 
 
 @kopf.index("services", labels={naming.JOB_LABEL: kopf.PRESENT})
-def job_services(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
-                 **_: Any) -> dict[IndexKey, dict[str, Any]]:
+async def job_services(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
+                       **_: Any) -> dict[IndexKey, dict[str, Any]]:
     """Watch cache: every labelled Service, by (namespace, job)."""
     return {(namespace, labels[naming.JOB_LABEL]): observe.slim_object(body)}
 
 
 @kopf.index("persistentvolumeclaims", labels={naming.JOB_LABEL: kopf.PRESENT})
-def job_claims(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
-               **_: Any) -> dict[IndexKey, dict[str, Any]]:
+async def job_claims(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
+                     **_: Any) -> dict[IndexKey, dict[str, Any]]:
     """Watch cache: every labelled claim, by (namespace, job)."""
     return {(namespace, labels[naming.JOB_LABEL]): observe.slim_object(body)}
 
 
-def _indexes(kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:
-    """The three watch caches kopf hands a handler (as keyword arguments named after them)."""
-    return kwargs["job_pods"], kwargs["job_services"], kwargs["job_claims"]
+@kopf.on.event("pods", labels={naming.JOB_LABEL: kopf.PRESENT})
+async def wake_on_pod_change(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
+                             memo: kopf.Memo, event: kopf.RawEvent, **_: Any) -> None:
+    """A job's pod changed (what the decisions read of it) or is gone: wake the job's loop."""
+    gone = event.get("type") == "DELETED"
+    jobloop.pod_changed(memo["loops"], memo, key=(namespace or "", labels[naming.JOB_LABEL]),
+                        view=None if gone else observe.slim_pod(body))
 
 
-def _cached(index: kopf.Index[IndexKey, dict[str, Any]], key: IndexKey) -> list[dict[str, Any]]:
-    return list(index.get(key, []))
+def _children(kwargs: dict[str, Any], namespace: str | None, name: str) -> Any:
+    """A function returning the job's pods, Services and claims from the watch caches (kopf
+    hands a handler its indexes as keyword arguments named after them)."""
+    key = (namespace, name)
 
+    def children() -> observe.Children:
+        return tuple(list(index.get(key, []))  # type: ignore[return-value]
+                     for index in (kwargs["job_pods"], kwargs["job_services"],
+                                   kwargs["job_claims"]))
 
-def finished_and_idle(state: str | None, pods: int, ttl: object,
-                      workload_pending: bool = False) -> bool:
-    """A finished job with no pod left and no TTL: nothing for a pass to do (C13), unless it is
-    queued through Kueue and its Workload was not seen Finished yet (`workload_pending`)."""
-    return state in FINISHED and pods == 0 and ttl is None and not workload_pending
-
-
-async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo,
-                     indexes: tuple[Any, Any, Any]) -> None:
-    elector: leader.LeaseElector | None = memo.get("elector")
-    if elector is not None and not elector.is_leader():
-        # Frozen past the renew deadline: the renewal thread is about to stop the process, and
-        # another replica may lead already. Act on nothing, write nothing (not even a retry
-        # delay into kopf's progress annotations, which the next leader would read).
-        LOG.warning("%s/%s: skipping the pass: the Lease was not renewed in time",
-                    body.metadata.namespace, body.metadata.name)
-        return
-    job_memo = _job_memo(memo)
-    key = f"{body.metadata.namespace}/{body.metadata.name}"
-    index_key = (body.metadata.namespace, body.metadata.name or "")
-    pods_index, services_index, claims_index = indexes
-    children = (_cached(pods_index, index_key), _cached(services_index, index_key),
-                _cached(claims_index, index_key))
-    remembered = job_memo.memory.status
-    state = remembered.state if remembered is not None else (body.get("status") or {}).get(
-        "state")
-    queued = kueueapi.queue_name(body.metadata.labels) is not None
-    if finished_and_idle(state, len(children[0]),
-                         (body.get("spec") or {}).get("ttlSecondsAfterFinished"),
-                         workload_pending=queued and not job_memo.workload_settled):
-        return
-    in_flight: dict[str, float] = memo["health"]["in_flight"]
-    async with job_memo.lock:
-        in_flight[key] = time.monotonic()
-        try:
-            result = await reconcile.run_pass(
-                body=body, memo=job_memo, api=memo["api"], settings=SETTINGS,
-                scraper=memo["scraper"], node_cache=memo["nodes"], children=children,
-            )
-        except InvalidJobError as error:  # permanent: write why, never retry
-            metrics.RECONCILE_PASSES.labels(outcome="invalid").inc()
-            if error.status:
-                patch.status.update(error.status)
-                kopf.event(body, type="Warning", reason="InvalidSpec", message=str(error))
-            return
-        except kopf.TemporaryError:
-            metrics.RECONCILE_PASSES.labels(outcome="retry").inc()
-            raise
-        finally:
-            in_flight.pop(key, None)
-    metrics.RECONCILE_PASSES.labels(outcome="ok").inc()
-    memo["health"]["last_pass_monotonic"] = time.monotonic()
-    patch.status.update(result.status_patch)
-    for event in result.events:
-        LOG.info("%s/%s %s: %s", body.metadata.namespace, body.metadata.name, event.reason,
-                 event.message)
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
+    return children
 
 
 @kopf.on.startup()
@@ -165,6 +129,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
                                        timeout_seconds=SETTINGS.scrape_timeout_seconds)
     # A mutable record shared by every job's memo (kopf copies the memo per object, shallowly).
     memo["health"] = {"last_pass_monotonic": time.monotonic(), "in_flight": {}}
+    # Every job's loop, by (namespace, name), for the pod watch to wake (shared likewise).
+    memo["loops"] = {}
 
 
 @kopf.on.cleanup()
@@ -193,22 +159,21 @@ def no_stuck_pass(memo: kopf.Memo, **_: Any) -> int:
     return len(memo["health"]["in_flight"])
 
 
-@kopf.timer(*RESOURCE, id="reconcile", interval=SETTINGS.reconcile_interval_seconds)
-async def reconcile_periodically(
-    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any
-) -> None:
-    """The level-based loop: every interval, observe everything and converge."""
-    await _reconcile(body, patch, memo, _indexes(kwargs))
+@kopf.daemon(*RESOURCE, id="reconcile")
+async def reconcile_continuously(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
+                                 **kwargs: Any) -> None:
+    """The job's loop: its passes, from its first sight until it is deleted (jobloop.py)."""
+    namespace, name = body.metadata.namespace, body.metadata.name or ""
+    await jobloop.run(key=(namespace or "", name), body=body, memo=memo, job=_job_memo(memo),
+                      loop=_job_loop(memo), stopped=stopped,
+                      children=_children(kwargs, namespace, name), settings=SETTINGS)
 
 
-@kopf.on.create(*RESOURCE, id="reconcile-on-create")
-@kopf.on.resume(*RESOURCE, id="reconcile-on-resume")
 @kopf.on.update(*RESOURCE, id="reconcile-on-update", field="spec")
-async def reconcile_now(
-    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any
-) -> None:
-    """A new job, a changed spec or a restarted operator: converge now, not at the next tick."""
-    await _reconcile(body, patch, memo, _indexes(kwargs))
+async def reconcile_now(memo: kopf.Memo, **_: Any) -> None:
+    """A changed spec (a `suspend` flip): a full pass now, not at the next interval. A new job
+    and a restarted operator need nothing here: the job's loop starts with a full pass."""
+    _job_loop(memo).wake(full=True)
 
 
 @kopf.on.delete(*RESOURCE, id="cleanup", optional=True)

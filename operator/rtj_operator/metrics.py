@@ -32,8 +32,32 @@ RECONCILE_PASSES = Counter(
     registry=REGISTRY,
 )
 RECONCILE_SECONDS = Histogram(
-    "rtj_operator_reconcile_seconds", "Duration of one reconcile pass (observe, decide, act).",
-    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10), registry=REGISTRY,
+    "rtj_operator_reconcile_seconds",
+    "Duration of one reconcile pass (observe, decide, act), by what woke it: `start` (a new "
+    "job, a spec change, the operator's start: it reads every pod's liveness itself), "
+    "`interval` (the level-based pass, on a read of every pod made just before), `pods` (a "
+    "pod changed: last reads reused), `deadline` (reads only the pods whose heartbeat "
+    "deadline came).",
+    ["trigger"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10), registry=REGISTRY,
+)
+for _trigger in ("start", "interval", "pods", "deadline"):
+    RECONCILE_SECONDS.labels(trigger=_trigger)  # every series exists from the start
+LIVENESS_READ_SECONDS = Histogram(
+    "rtj_operator_liveness_read_seconds",
+    "Duration of reading the liveness of every running trainer pod of one job (in the "
+    "background, before the interval's pass).",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30), registry=REGISTRY,
+)
+HEARTBEAT_STALE = Counter(
+    "rtj_operator_heartbeat_stale",
+    "Episodes of a pod's heartbeat going stale (rank state Unresponsive, Event HeartbeatStale).",
+    registry=REGISTRY,
+)
+HEARTBEAT_STALE_DETECTION_SECONDS = Histogram(
+    "rtj_operator_heartbeat_stale_detection_seconds",
+    "Seconds from the moment a pod's heartbeat went stale (its last heartbeat + "
+    "heartbeatTimeoutSeconds) to the pass that saw it.",
+    buckets=(0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30), registry=REGISTRY,
 )
 ACTIONS = Counter(
     "rtj_operator_actions", "Actions applied, by kind.", ["action"], registry=REGISTRY,

@@ -143,6 +143,10 @@ class NodeLiveness:
     samples: tuple[RankSample, ...] = ()
     """The ranks that answered; a rank whose endpoint did not answer is missing."""
     expected_ranks: int = 0
+    read_time: float | None = None
+    """Unix time the pod's answer arrived: a heartbeat's age is measured at its read, so an
+    answer read a while ago (a pass that re-reads only some pods) never makes a heartbeat look
+    older than it was. None: read in this pass (the pass's own clock)."""
 
     @property
     def complete(self) -> bool:

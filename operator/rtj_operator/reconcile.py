@@ -1,9 +1,12 @@
 """One reconcile pass of one job: observe, decide, act.
 
-The handlers (`handlers.py`) call `run_pass` from kopf's timer and from the create/update/resume
-handlers; a per-job lock keeps two passes of the same job from interleaving. The pass applies the
-decided actions, returns the status fields that changed (the handler writes them with one patch)
-and the Events to post.
+The job's loop (`jobloop.py`) calls `run_pass`; a per-job lock keeps two passes of the same job
+from interleaving. A pass reads the liveness of every running trainer pod, of only some
+(`Reads`: the pods whose heartbeat deadline came), or of none, reusing each pod's last read
+(`JobMemo.liveness`; the decisions measure a heartbeat's age at its read). It applies the decided
+actions and returns the status fields that changed (the loop writes them with one patch) and the
+Events to post. The patch is computed against the status the watch shows, overlaid with this
+operator's own writes the watch has not shown yet (`unseen_writes`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from rtj_operator.api.status import ResilientTrainingJobStatus, compact_ranks
 from rtj_operator.config import OperatorSettings, pinned_to_services
 from rtj_operator.errors import InvalidJobError
 from rtj_operator.intents import CreateObject, DeletePod, PostEvent
+from rtj_operator.observed import NodeLiveness, Observed, PodView
 from rtj_operator.podplan import plan_for
 
 
@@ -42,7 +46,35 @@ class JobMemo:
     `status_progress_interval_seconds` after it."""
     workload_settled: bool = False
     """A job queued through Kueue: its Workload was seen Finished (or there is none), so a
-    finished job without pods needs no more passes (`handlers.finished_and_idle`)."""
+    finished job without pods needs no more passes (`jobloop.finished_and_idle`)."""
+    liveness: dict[int, NodeLiveness] = field(default_factory=dict)
+    """Each running trainer pod's last liveness read (stamped with its time), by node index; a
+    pod that did not answer its last read is missing."""
+    recheck: dict[int, float] = field(default_factory=dict)
+    """The last decision's heartbeat deadlines (Unix time), by node index: a read of that pod
+    just after it decides whether it is Unresponsive or hung."""
+    procs_per_node: int | None = None
+    """Ranks per pod, from the last pass's plan: what a read of every pod between passes
+    expects."""
+    metrics_port: int | None = None
+    """The first rank's metrics port the job's pods serve (the job's Service keeps it: an
+    operator restarted with another setting still reads the port its pods listen on)."""
+    written: dict[str, tuple[Any, float]] = field(default_factory=dict)
+    """Top-level status fields this operator wrote (value, monotonic time) that the watch has
+    not shown yet (`unseen_writes`)."""
+
+
+@dataclass(frozen=True)
+class Reads:
+    """Which trainer pods a pass reads the liveness of; the others' last reads are reused."""
+
+    every_pod: bool = False
+    pods: frozenset[int] = frozenset()
+    """Node indexes to read (when not every pod)."""
+
+
+READ_EVERY_POD = Reads(every_pod=True)
+READ_NONE = Reads()
 
 
 @dataclass(frozen=True)
@@ -51,6 +83,29 @@ class PassResult:
 
     status_patch: dict[str, Any]
     events: list[PostEvent]
+
+
+def unseen_writes(written: Mapping[str, tuple[Any, float]], seen: Mapping[str, Any],
+                  now: float) -> dict[str, tuple[Any, float]]:
+    """The own status writes (top-level field -> value, when) that status `seen` does not show
+    yet (None: the field was removed), and that are younger than EXPECTATION_SECONDS (older
+    ones: someone else changed the field meanwhile; the watch is right)."""
+    return {key: (value, at) for key, (value, at) in written.items()
+            if now - at < EXPECTATION_SECONDS and seen.get(key) != value}
+
+
+def with_unseen_writes(seen: Mapping[str, Any],
+                       unseen: Mapping[str, tuple[Any, float]]) -> dict[str, Any]:
+    """Status `seen` as it is once the own writes it does not show yet are applied: what a
+    pass computes its patch against, so that it neither skips nor undoes a write the watch is
+    still delivering."""
+    status = dict(seen)
+    for key, (value, _at) in unseen.items():
+        if value is None:
+            status.pop(key, None)
+        else:
+            status[key] = value
+    return status
 
 
 def api_status(status: ResilientTrainingJobStatus) -> dict[str, Any]:
@@ -140,6 +195,56 @@ def now_utc() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
+def merged_reads(previous: Mapping[int, NodeLiveness], fresh: Mapping[int, NodeLiveness],
+                 read: Iterable[int], pods: Mapping[int, Any],
+                 since: float | None = None) -> dict[int, NodeLiveness]:
+    """The job's last liveness reads once the pods `read` (node indexes) were read again and
+    `fresh` holds those that answered: a pod read again that did not answer is silent now (no
+    read kept), and a read of a pod since replaced (another UID at its index) or gone is
+    dropped. A read that began at `since` (Unix time) leaves a pod's read made after that (a
+    heartbeat deadline's, meanwhile) as it is. `pods` are the trainer pods (PodView) by node
+    index."""
+    merged = dict(previous)
+    for index in read:
+        kept = merged.get(index)
+        if since is not None and kept is not None and (kept.read_time or 0.0) > since:
+            continue
+        if index in fresh:
+            merged[index] = fresh[index]
+        else:
+            merged.pop(index, None)
+    return {index: node for index, node in merged.items()
+            if index in pods and pods[index].uid == node.pod_uid}
+
+
+async def _read_liveness(memo: JobMemo, scraper: scraping.Scraper, observed: Observed,
+                         reads: Reads, *, base_port: int, procs: int) -> dict[int, NodeLiveness]:
+    """Read the pods `reads` names into the job's last reads, and return them all."""
+    pods = observed.trainer_pods
+    if reads.every_pod:
+        memo.liveness = dict(await scraper.scrape(pods.values(), base_port=base_port,
+                                                  procs=procs))
+        return memo.liveness
+    due = [pods[i] for i in sorted(reads.pods) if i in pods and scraping.readable(pods[i])]
+    fresh = await scraper.scrape(due, base_port=base_port, procs=procs,
+                                 urgent=True) if due else {}
+    memo.liveness = merged_reads(memo.liveness, fresh, (p.node_index for p in due
+                                                        if p.node_index is not None), pods)
+    return memo.liveness
+
+
+def trainer_views(job_name: str, pods: Iterable[Mapping[str, Any]]) -> dict[int, PodView]:
+    """The job's trainer pods (from the watch cache) as the decisions see them, by node
+    index."""
+    return dict(observe.observed_from(job_name=job_name, job_uid="", pods=pods, services=(),
+                                      claims=()).trainer_pods)
+
+
+class CacheLagging(Exception):
+    """The watch cache does not show this operator's own writes yet, and the pass may not list
+    the children instead (a pass woken by a pod change waits for the cache)."""
+
+
 async def run_pass(
     *,
     body: Mapping[str, Any],
@@ -149,13 +254,19 @@ async def run_pass(
     scraper: scraping.Scraper,
     node_cache: observe.NodeCache | None = None,
     children: observe.Children | None = None,
+    reads: Reads = READ_EVERY_POD,
+    may_list: bool = True,
+    trigger: str = "start",
 ) -> PassResult:
     """Observe the job's children (from the operator's watch caches, `children`; listed from
-    the API server when None) and their nodes (the operator-wide `node_cache`) and ranks,
-    decide, apply the actions."""
+    the API server when None, or when the caches lag behind the operator's own writes and
+    `may_list`: else CacheLagging) and their nodes (the operator-wide `node_cache`) and ranks
+    (those `reads` names read now, the others' last reads reused), decide, apply the
+    actions. `trigger` (what woke the pass) labels its duration metric."""
     started = time.monotonic()
     raw = plain(body)
-    current_status = raw.get("status") or {}
+    memo.written = unseen_writes(memo.written, raw.get("status") or {}, started)
+    current_status = with_unseen_writes(raw.get("status") or {}, memo.written)
     try:
         job = parse_job({k: v for k, v in raw.items() if k != "status"})
     except pydantic.ValidationError as error:
@@ -177,6 +288,8 @@ async def run_pass(
         memo.expected = {k: t for k, t in memo.expected.items()
                          if k in unmet and started - t < EXPECTATION_SECONDS}
         if memo.expected:
+            if not may_list:
+                raise CacheLagging(f"{len(memo.expected)} own writes not in the watch cache yet")
             children = None  # the watch cache lags behind our own writes: list this time
     observed = await observe.observe(
         api, namespace=namespace, job_name=job.name, job_uid=job.metadata.uid or "",
@@ -186,11 +299,11 @@ async def run_pass(
     # port settings must not split it).
     settings = pinned_to_services(settings, observed.service_ports)
     plan = plan_for(job, settings)
-    liveness = await scraper.scrape(
-        observed.trainer_pods.values(),
-        base_port=settings.trainer_metrics_port,
-        procs=plan.procs_per_node,
-    )
+    memo.procs_per_node = plan.procs_per_node
+    memo.metrics_port = settings.trainer_metrics_port
+    liveness = await _read_liveness(memo, scraper, observed, reads,
+                                    base_port=settings.trainer_metrics_port,
+                                    procs=plan.procs_per_node)
     queue_name = kueueapi.queue_name(job.metadata.labels)
     queue = None
     if queue_name is not None:  # queued through Kueue: one GET of its Workload
@@ -213,6 +326,13 @@ async def run_pass(
     # A create refused by admission becomes the AdmissionRefused condition, not a retry loop.
     decision = decisions.with_refusals(decision, refused, now_utc())
     memo.memory = decision.memory
+    memo.recheck = {index: moment.timestamp() for index, moment in decision.recheck.items()}
+    stale_after = job.spec.fault_tolerance.heartbeat_timeout_seconds
+    for rank in decision.unresponsive:
+        metrics.HEARTBEAT_STALE.inc()
+        if rank.last_heartbeat_time is not None:
+            metrics.HEARTBEAT_STALE_DETECTION_SECONDS.observe(max(0.0, time.time() - (
+                rank.last_heartbeat_time.timestamp() + stale_after)))
     memo.expected = expectations_after(decision.actions, memo.expected, time.monotonic(),
                                        refused=(r.name for r in refused))
     for applied in [*decision.actions, *decision.events]:
@@ -220,7 +340,7 @@ async def run_pass(
     for incident in decision.incidents:
         if incident.action in decisions.OPERATOR_ACTIONS:
             metrics.RESTARTS.labels(action=incident.action).inc()
-    metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+    metrics.RECONCILE_SECONDS.labels(trigger=trigger).observe(time.monotonic() - started)
     metrics.record_job_state(f"{namespace}/{job.name}", decision.status.state)
     metrics.record_job_status(namespace, job.name, decision.status)
     patch = status_patch(current_status, api_status(decision.status))
@@ -231,3 +351,10 @@ async def run_pass(
     if patch:
         memo.last_status_write = now
     return PassResult(status_patch=patch, events=decision.events)
+
+
+def remember_written(memo: JobMemo, patch: Mapping[str, Any]) -> None:
+    """The status fields of `patch` were written: until the watch shows them, later passes
+    compute their patches as if it did."""
+    now = time.monotonic()
+    memo.written.update({key: (value, now) for key, value in patch.items()})

@@ -7,7 +7,8 @@ the old way, one `GET /metrics` per rank (`RTJ_METRICS_PORT + local rank`), and 
 every rank answered.
 
 One `Scraper` serves the whole operator: one long-lived HTTP client, at most
-`RTJ_OPERATOR_SCRAPE_CONCURRENCY` requests in flight across every job, each bounded by
+`RTJ_OPERATOR_SCRAPE_CONCURRENCY` requests in flight across every job (plus an eighth of that, at
+least 2, for urgent reads: the pods at a heartbeat deadline), each bounded by
 `RTJ_OPERATOR_SCRAPE_TIMEOUT_SECONDS` (the wait for a free slot does not count). A pod that does
 not answer is simply missing from the result: "could not observe" is never "hung" (the decisions
 declare a hang only on a stale heartbeat from a pod that answered, and raise
@@ -18,7 +19,9 @@ declare a hang only on a stale heartbeat from a pod that answered, and raise
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -120,50 +123,68 @@ def node_liveness_from_json(
                         samples=tuple(samples[r] for r in sorted(samples)), expected_ranks=procs)
 
 
+def readable(pod: PodView) -> bool:
+    """Whether a pod has a liveness endpoint to read: a trainer pod running, not deleting, with
+    an IP and a node index."""
+    return (pod.phase == "Running" and not pod.deleting and bool(pod.pod_ip)
+            and pod.node_index is not None)
+
+
 class Scraper:
     """The operator's one HTTP client for the trainers: a long-lived session (created on first
-    use, inside the event loop) and a bound on requests in flight across every job."""
+    use, inside the event loop) and a bound on requests in flight across every job, plus a few
+    slots of their own for urgent reads (a heartbeat deadline's), so that they never queue
+    behind a read of a thousand pods."""
 
     def __init__(self, *, concurrency: int, timeout_seconds: float) -> None:
         self.concurrency = concurrency
+        self.urgent_concurrency = max(2, concurrency // 8)
         self.timeout_seconds = timeout_seconds
         self._session: aiohttp.ClientSession | None = None
         self._slots: asyncio.Semaphore | None = None
+        self._urgent_slots: asyncio.Semaphore | None = None
 
-    def _client(self) -> tuple[aiohttp.ClientSession, asyncio.Semaphore]:
-        if self._session is None or self._session.closed or self._slots is None:
-            connector = aiohttp.TCPConnector(limit=self.concurrency, limit_per_host=0,
-                                             keepalive_timeout=30)
+    def _client(self, urgent: bool) -> tuple[aiohttp.ClientSession, asyncio.Semaphore]:
+        if (self._session is None or self._session.closed or self._slots is None
+                or self._urgent_slots is None):
+            connector = aiohttp.TCPConnector(
+                limit=self.concurrency + self.urgent_concurrency, limit_per_host=0,
+                keepalive_timeout=30)
             self._session = aiohttp.ClientSession(connector=connector)
             self._slots = asyncio.Semaphore(self.concurrency)
-        return self._session, self._slots
+            self._urgent_slots = asyncio.Semaphore(self.urgent_concurrency)
+        return self._session, self._urgent_slots if urgent else self._slots
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
 
-    async def _get(self, url: str) -> tuple[int | None, bytes]:
-        """(HTTP status, body); status None when refused, 0 on any other failure."""
-        session, slots = self._client()
+    async def _get(self, url: str, urgent: bool) -> tuple[int | None, bytes, float]:
+        """(HTTP status, body, Unix time the request was sent); status None when refused, 0 on
+        any other failure."""
+        session, slots = self._client(urgent)
         async with slots:
+            sent = time.time()
             try:
                 async with session.get(
                     url, timeout=aiohttp.ClientTimeout(total=self.timeout_seconds)
                 ) as response:
-                    return response.status, await response.read()
+                    return response.status, await response.read(), sent
             except aiohttp.ClientConnectorError as error:
                 refused = isinstance(error.os_error, ConnectionRefusedError)
-                return (None if refused else 0), b""
+                return (None if refused else 0), b"", sent
             except (aiohttp.ClientError, TimeoutError, OSError):
-                return 0, b""
+                return 0, b"", sent
 
-    async def _per_rank(self, pod: PodView, base_port: int, procs: int) -> NodeLiveness | None:
+    async def _per_rank(self, pod: PodView, base_port: int, procs: int,
+                        urgent: bool) -> NodeLiveness | None:
         assert pod.node_index is not None
         pages = await asyncio.gather(*(
-            self._get(f"http://{pod.pod_ip}:{base_port + r}/metrics") for r in range(procs)))
+            self._get(f"http://{pod.pod_ip}:{base_port + r}/metrics", urgent)
+            for r in range(procs)))
         samples = []
-        for local_rank, (status, body) in enumerate(pages):
+        for local_rank, (status, body, _sent) in enumerate(pages):
             if status != 200:
                 return None  # a rank that did not answer: the pod is not observed this time
             try:
@@ -171,34 +192,36 @@ class Scraper:
             except ValueError:
                 return None
         return NodeLiveness(node_index=pod.node_index, pod_uid=pod.uid, samples=tuple(samples),
-                            expected_ranks=procs)
+                            expected_ranks=procs, read_time=min(sent for *_, sent in pages))
 
-    async def scrape_pod(self, pod: PodView, *, base_port: int, procs: int) -> NodeLiveness | None:
-        """One pod's liveness, or None when it could not be observed."""
+    async def scrape_pod(self, pod: PodView, *, base_port: int, procs: int,
+                         urgent: bool = False) -> NodeLiveness | None:
+        """One pod's liveness, or None when it could not be observed. Its `read_time` is when
+        the request was sent: the heartbeats in the answer are at least that new, so their age
+        is never overstated."""
         assert pod.node_index is not None
-        status, body = await self._get(
-            f"http://{pod.pod_ip}:{pod_endpoint_port(base_port)}/ranks")
+        status, body, sent = await self._get(
+            f"http://{pod.pod_ip}:{pod_endpoint_port(base_port)}/ranks", urgent)
         if status is None:  # no pod endpoint (an older trainer image): one GET per rank
-            return await self._per_rank(pod, base_port, procs)
+            return await self._per_rank(pod, base_port, procs, urgent)
         if status != 200:
             return None
         try:
-            return node_liveness_from_json(body, node_index=pod.node_index, pod_uid=pod.uid,
+            node = node_liveness_from_json(body, node_index=pod.node_index, pod_uid=pod.uid,
                                            procs=procs)
         except ValueError:
             return None
+        return dataclasses.replace(node, read_time=sent)
 
     async def scrape(
-        self, pods: Iterable[PodView], *, base_port: int, procs: int
+        self, pods: Iterable[PodView], *, base_port: int, procs: int, urgent: bool = False
     ) -> RankLiveness:
-        """Every running trainer pod that has an IP and answered, by node index."""
-        targets = [
-            pod for pod in pods
-            if pod.phase == "Running" and not pod.deleting and pod.pod_ip
-            and pod.node_index is not None
-        ]
+        """Every running trainer pod that has an IP and answered, by node index; `urgent`
+        reads (a few pods at a heartbeat deadline) use their own slots."""
+        targets = [pod for pod in pods if readable(pod)]
         if not targets:
             return {}
         nodes = await asyncio.gather(*(
-            self.scrape_pod(pod, base_port=base_port, procs=procs) for pod in targets))
+            self.scrape_pod(pod, base_port=base_port, procs=procs, urgent=urgent)
+            for pod in targets))
         return {node.node_index: node for node in nodes if node is not None}

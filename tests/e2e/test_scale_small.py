@@ -1,6 +1,9 @@
 """A small run of `bench.scale`: the real operator watching 100 simulated p5 nodes (800 ranks)
-on the real kube-apiserver, one rank hung and one pod killed; no false alarms, detection within
-the bound (docs/benchmarks.md, "Scale")."""
+on the real kube-apiserver, ranks hung and pods killed; no false alarms, and issue 12's bounds
+(docs/benchmarks.md, "Scale"): a hang detected (the pod `Unresponsive` in the job's status)
+within heartbeatTimeoutSeconds + 2 s, and acted on within the same 2 s past the operator's
+threshold (heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds); a killed pod acted on
+within 5 s. The bounds are the issue's, with no slack added for a loaded machine."""
 
 from __future__ import annotations
 
@@ -13,9 +16,6 @@ from bench import scale
 
 pytestmark = [pytest.mark.e2e]
 
-RECONCILE_INTERVAL_SECONDS = 3.0
-"""The operator's default pass interval: a hang is seen at most one pass after its threshold."""
-
 
 def test_100_nodes_of_8_ranks_no_false_alarm_and_detection_within_the_bound(
     tmp_path: Path,
@@ -24,11 +24,15 @@ def test_100_nodes_of_8_ranks_no_false_alarm_and_detection_within_the_bound(
                              "--minutes", "1.4", "--seed", "3", "--start-timeout", "150",
                              "--work-dir", str(tmp_path / "run")])
     result = asyncio.run(scale.run(args))
-    assert result["false_positives"] == 0, result["false_positive_pods"]
+    assert result["false_positives"] == 0, (result["false_positive_deletions"],
+                                            result["false_positive_detections"])
     assert result["missed_detections"] == []
     assert result["observation_degraded_jobs"] == []
-    hangs, kills = result["hang_detection_excess_over_threshold_seconds"], \
-        result["kill_detection_seconds"]
-    assert hangs["n"] >= 1 and kills["n"] >= 1, result
-    assert hangs["max"] <= RECONCILE_INTERVAL_SECONDS + 2, result
-    assert kills["max"] <= 5, result
+    detected = result["hang_to_unresponsive_seconds"]
+    acted = result["hang_to_pod_deleted_past_threshold_seconds"]
+    kills = result["kill_to_pod_deleted_seconds"]
+    assert detected["n"] >= 1 and acted["n"] == detected["n"] and kills["n"] >= 1, result
+    assert detected["max"] <= scale.HEARTBEAT_TIMEOUT + scale.DETECTION_SLACK, result
+    assert acted["max"] <= scale.DETECTION_SLACK, result
+    assert kills["max"] <= scale.KILL_TARGET, result
+    assert result["heartbeat_stale_events"] == detected["n"], result  # one per episode

@@ -332,3 +332,105 @@ def test_a_slow_start_is_not_a_stall_and_the_progress_clock_starts_at_the_first_
     d = then(d, j, running_world(), now=after, liveness=beats(after, step=0))
     assert sorted(deleted(d)) == ["tiny-0", "tiny-1", "tiny-rdzv"]
     assert d.status["incidents"][-1]["cause"] == IncidentCause.PROGRESS_TIMEOUT
+
+
+# --- detection before action: Unresponsive -----------------------------------------------------
+
+
+def _frozen(now: datetime, frozen_at: datetime, index: int = 1) -> dict[int, NodeLiveness]:
+    """Every pod beats at `now` but pod `index`, whose heartbeat froze at `frozen_at`."""
+    live = beats(now)
+    live[index] = beats(frozen_at)[index]
+    return live
+
+
+def test_a_stale_heartbeat_is_published_at_the_heartbeat_timeout_and_acted_on_after_both() -> None:
+    # heartbeatTimeoutSeconds 20, initialHeartbeatTimeoutSeconds 60: pod 1's heartbeat froze at
+    # T0+30. Past 20 s it is Unresponsive (one HeartbeatStale Event, no action: ft_launcher
+    # restarts its workers first); past 80 s it is replaced.
+    j = job()
+    one = running(j)
+    frozen = T0 + timedelta(seconds=30)
+    at_timeout = T0 + timedelta(seconds=30 + 20)
+    still_fresh = then(one, j, running_world(), now=at_timeout,
+                       liveness=_frozen(at_timeout, frozen))
+    assert [r["state"] for r in still_fresh.status["ranks"]] == ["Running", "Running"]
+    stale_at = at_timeout + timedelta(seconds=1)
+    stale = then(still_fresh, j, running_world(), now=stale_at,
+                 liveness=_frozen(stale_at, frozen))
+    rank = stale.status["ranks"][1]
+    assert (rank["state"], rank["unresponsiveSince"], rank["lastHeartbeatTime"]) == (
+        "Unresponsive", "2026-11-29T12:00:51Z", "2026-11-29T12:00:30Z")
+    assert stale.status["rankCounts"] == {"Running": 1, "Unresponsive": 1}
+    assert events(stale).count("HeartbeatStale") == 1
+    assert "tiny-1" in next(e.message for e in stale.events if e.reason == "HeartbeatStale")
+    assert [r.node_index for r in stale.decision.unresponsive] == [1]
+    assert stale.of_type(DeletePod) == [] and stale.status["nodes"] == "1/2"
+    later_at = T0 + timedelta(seconds=30 + 60)
+    later = then(stale, j, running_world(), now=later_at, liveness=_frozen(later_at, frozen))
+    assert later.status["ranks"][1]["unresponsiveSince"] == "2026-11-29T12:00:51Z"
+    assert "HeartbeatStale" not in events(later) and later.decision.unresponsive == []
+    assert later.of_type(DeletePod) == []
+    act_at = T0 + timedelta(seconds=30 + 80 + 1)
+    acted = then(later, j, running_world(), now=act_at, liveness=_frozen(act_at, frozen))
+    assert deleted(acted) == ["tiny-1"]
+    assert acted.status["ranks"][1]["state"] == "Restarting"
+    assert "unresponsiveSince" not in acted.status["ranks"][1]
+
+
+def test_an_unresponsive_pod_that_beats_again_is_running_and_says_so() -> None:
+    # ft_launcher restarted the workers in time: the heartbeat resumes, no pod is replaced.
+    j = job()
+    frozen = T0 + timedelta(seconds=30)
+    stale_at = T0 + timedelta(seconds=55)
+    stale = then(running(j), j, running_world(), now=stale_at,
+                 liveness=_frozen(stale_at, frozen))
+    assert stale.status["ranks"][1]["state"] == "Unresponsive"
+    back_at = T0 + timedelta(seconds=70)
+    back = then(stale, j, running_world(), now=back_at, liveness=beats(back_at))
+    assert [r["state"] for r in back.status["ranks"]] == ["Running", "Running"]
+    assert "unresponsiveSince" not in back.status["ranks"][1]
+    assert events(back).count("HeartbeatResumed") == 1 and back.of_type(DeletePod) == []
+
+
+def test_a_heartbeat_is_as_old_as_it_was_when_read_not_when_the_pass_runs() -> None:
+    # A pass that reuses a read from 10 s ago: pod 1's heartbeat was 15 s old at its read,
+    # 25 s at the pass. Measured at the read it is fresh (heartbeatTimeoutSeconds 20).
+    j = job()
+    beat_at = T0 + timedelta(seconds=30)
+    now = T0 + timedelta(seconds=55)
+    live = _frozen(now, beat_at)
+    live[1] = replace(live[1], read_time=(beat_at + timedelta(seconds=15)).timestamp())
+    decision = then(running(j), j, running_world(), now=now, liveness=live)
+    assert [r["state"] for r in decision.status["ranks"]] == ["Running", "Running"]
+    assert "HeartbeatStale" not in events(decision)
+    # Read again now, it is stale.
+    live[1] = replace(live[1], read_time=now.timestamp())
+    decision = then(running(j), j, running_world(), now=now, liveness=live)
+    assert decision.status["ranks"][1]["state"] == "Unresponsive"
+
+
+def test_a_pod_that_does_not_answer_is_never_unresponsive() -> None:
+    j = job()
+    now = T0 + timedelta(seconds=30 + 50)
+    live = {0: beats(now)[0]}  # pod 1's endpoint is silent for 50 s
+    decision = then(running(j), j, running_world(), now=now, liveness=live)
+    assert decision.status["ranks"][1]["state"] != "Unresponsive"
+    assert "HeartbeatStale" not in events(decision) and decision.decision.unresponsive == []
+
+
+def test_each_answering_pod_is_due_for_a_read_when_its_heartbeat_verdict_would_change() -> None:
+    j = job()
+    now = T0 + timedelta(seconds=30)
+    fresh = running(j, now=now)  # both beat at T0+30
+    assert fresh.decision.recheck == {0: now + timedelta(seconds=20),
+                                      1: now + timedelta(seconds=20)}
+    stale_at = T0 + timedelta(seconds=55)
+    stale = then(fresh, j, running_world(), now=stale_at, liveness=_frozen(stale_at, now))
+    assert stale.decision.recheck == {0: stale_at + timedelta(seconds=20),
+                                      1: now + timedelta(seconds=80)}
+    # No heartbeat since the pods started (T0): hung at clock + both timeouts.
+    silent_start = then(decide(j, world()), j, running_world(), now=now,
+                        liveness=answering())
+    assert silent_start.decision.recheck == {0: T0 + timedelta(seconds=80),
+                                             1: T0 + timedelta(seconds=80)}

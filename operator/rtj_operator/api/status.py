@@ -84,6 +84,10 @@ class RankState(StrEnum):
     RESTARTING = "Restarting"
     STANDBY = "Standby"
     """A warm spare (its ranks wait to take over) or a replacement waiting for the next round."""
+    UNRESPONSIVE = "Unresponsive"
+    """The pod answers, but its ranks' newest heartbeat was older than heartbeatTimeoutSeconds
+    when read: ft_launcher restarts its workers; the operator replaces the pod if heartbeats
+    are still missing after heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds."""
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SUSPENDED = "Suspended"
@@ -265,6 +269,13 @@ class RankStatus(ApiModel):
     )
     last_heartbeat_time: Timestamp | None = Field(
         default=None, description="Newest heartbeat of the node's ranks."
+    )
+    unresponsive_since: Timestamp | None = Field(
+        default=None,
+        description=(
+            "While `state` is `Unresponsive`: when the operator saw the heartbeat go stale "
+            "(older than `heartbeatTimeoutSeconds`; `lastHeartbeatTime` is the last one)."
+        ),
     )
     step: int | None = Field(
         default=None, description="Last completed step of the node's ranks.", ge=0

@@ -66,7 +66,13 @@ from rtj_operator.api.models import ResilientTrainingJob
 from rtj_operator.api.status import JobState, ResilientTrainingJobStatus
 from rtj_operator.config import OperatorSettings
 from rtj_operator.decisions import lifecycle, queueing, recovery, status
-from rtj_operator.decisions.liveness import find_faults, lost_pods, observe_ranks
+from rtj_operator.decisions.liveness import (
+    find_faults,
+    heartbeat_deadlines,
+    lost_pods,
+    mark_unresponsive,
+    observe_ranks,
+)
 from rtj_operator.decisions.state import Decision, DetectedFault, Memory, _Pass
 from rtj_operator.decisions.status import OPERATOR_ACTIONS, invalid_spec, with_refusals
 from rtj_operator.observed import Observed, QueueView, RankLiveness
@@ -131,10 +137,12 @@ def _decide(
         if ended is not None:
             return ended
     observe_ranks(p)  # rule 7
+    mark_unresponsive(p)
     faults = find_faults(p)
     if faults:
         failed = recovery.recover(p, faults, start_time)
         if failed is not None:
             return failed
     lifecycle.create_missing(p)  # rule 8
+    p.recheck = heartbeat_deadlines(p)
     return status.running(p, start_time)

@@ -94,10 +94,27 @@ BENIGN_WAITING = frozenset({"ContainerCreating", "PodInitializing"})
 """Reasons a container waits that are a normal part of starting (not shown at once)."""
 
 
+def _read_moment(p: _Pass, index: int) -> datetime:
+    """When what the pass knows of the pod's heartbeat was read: its liveness read's own time
+    (a pass may reuse a read from a moment ago), else the pass's clock. A heartbeat's age is
+    measured at its read: an old read never makes a heartbeat look staler than it was."""
+    node = _node_liveness(p, index)
+    if node is not None and node.read_time is not None:
+        return from_unix(node.read_time)
+    return p.now
+
+
+def _fresh(p: _Pass, index: int, beat: datetime) -> bool:
+    """Whether heartbeat `beat` of the pod was younger than heartbeatTimeoutSeconds when it was
+    read."""
+    limit = timedelta(seconds=p.spec.fault_tolerance.heartbeat_timeout_seconds)
+    return _read_moment(p, index) - beat <= limit
+
+
 def _beating(p: _Pass, index: int) -> bool:
     """Whether the pod's newest heartbeat is younger than heartbeatTimeoutSeconds."""
     beat = _node_heartbeat(p, index)
-    return beat is not None and _fresh(p, beat)
+    return beat is not None and _fresh(p, index, beat)
 
 
 def lost_pods(p: _Pass) -> None:
@@ -125,14 +142,29 @@ def _pod_clock(p: _Pass, index: int) -> datetime | None:
         return None
     if rendezvous is None or rendezvous.phase != "Running" or rendezvous.deleting:
         return None
-    starts = [other.started_at for i, other in p.observed.trainer_pods.items()
-              if (i == index or i not in p.standby) and other.phase == "Running"
-              and not other.deleting and other.started_at is not None]
-    if rendezvous.started_at is not None:
+    moments = [m for m in (_shared_clock(p), pod.started_at) if m is not None]
+    return max(moments) if moments else None
+
+
+def _shared_clock(p: _Pass) -> datetime | None:
+    """The part of every pod's clock that does not depend on the pod: the latest start of the
+    training (not standby) pods that run, the rendezvous pod's start and the last recovery.
+    Computed once per pass (`_pod_clock` runs for every pod, several times): again only when
+    the standby pods or the incidents changed since."""
+    key = (len(p.standby), len(p.incidents))
+    if p.shared_clock is not None and p.shared_clock[0] == key:
+        return p.shared_clock[1]
+    starts = [pod.started_at for i, pod in p.observed.trainer_pods.items()
+              if i not in p.standby and pod.phase == "Running" and not pod.deleting
+              and pod.started_at is not None]
+    rendezvous = p.observed.rendezvous_pod
+    if rendezvous is not None and rendezvous.started_at is not None:
         starts.append(rendezvous.started_at)
     acted = [i.acted_time for i in p.incidents if i.acted_time is not None]
     moments = starts + acted
-    return max(moments) if moments else None
+    clock = max(moments) if moments else None
+    p.shared_clock = (key, clock)
+    return clock
 
 
 def _starting_peer(p: _Pass) -> int | None:
@@ -209,11 +241,11 @@ def observe_ranks(p: _Pass) -> None:
             if pod.phase == "Running":
                 state = RankState.STANDBY
         p.rank(index, pod=pod.name, node=pod.node_name, attempt=pod.attempt,
-               last_heartbeat_time=beat, step=step, state=state)
+               last_heartbeat_time=beat, step=step, state=state, unresponsive_since=None)
     for index in p.active():
         clock = _pod_clock(p, index)
         beat = p.ranks[index].last_heartbeat_time
-        if clock is not None and beat is not None and beat >= clock and _fresh(p, beat):
+        if clock is not None and beat is not None and beat >= clock and _fresh(p, index, beat):
             p.rank(index, state=RankState.RUNNING)
         pod = p.observed.trainer_pods.get(index)
         if clock is not None and pod is not None and _node_liveness(p, index) is None:
@@ -257,7 +289,7 @@ def silence(p: _Pass) -> Silence:
             continue
         answering.append(index)
         beat = p.ranks[index].last_heartbeat_time
-        if beat is None or beat < clock or not _fresh(p, beat):
+        if beat is None or beat < clock or not _fresh(p, index, beat):
             stuck = True
     outage = not answering or 2 * len(answering) < len(silent) + len(answering)
     return Silence(tuple(silent), tuple(answering), outage, stuck)
@@ -292,8 +324,71 @@ def degraded_observation(p: _Pass) -> str | None:
             f"{shown}; a pod is declared hung only on its own stale heartbeat")
 
 
-def _fresh(p: _Pass, beat: datetime) -> bool:
-    return p.now - beat <= timedelta(seconds=p.spec.fault_tolerance.heartbeat_timeout_seconds)
+def mark_unresponsive(p: _Pass) -> None:
+    """Publish a stale heartbeat as soon as it is one (rule 7, detection): a pod that answers,
+    whose clock counts (`silence`) and whose ranks' newest heartbeat since that clock was older
+    than heartbeatTimeoutSeconds when it was read, is `Unresponsive` (with `unresponsiveSince`)
+    and gets one `HeartbeatStale` Warning Event per episode; `HeartbeatResumed` when it beats
+    again. Nothing is done about it yet: ft_launcher restarts the workers inside the pod at
+    heartbeatTimeoutSeconds, and the operator replaces the pod only after heartbeatTimeoutSeconds
+    + initialHeartbeatTimeoutSeconds (`_liveness_faults`). A pod that does not answer is never
+    Unresponsive: could not observe is not a stale heartbeat."""
+    ft = p.spec.fault_tolerance
+    for index in silence(p).answering:
+        clock = _pod_clock(p, index)
+        rank = p.ranks[index]
+        beat = rank.last_heartbeat_time
+        if clock is None or beat is None or beat < clock or _fresh(p, index, beat):
+            continue
+        previous = p.prev_ranks.get(index)
+        ongoing = (previous is not None and previous.state == RankState.UNRESPONSIVE
+                   and previous.attempt == rank.attempt and previous.pod == rank.pod)
+        since = previous.unresponsive_since if ongoing and previous is not None else None
+        updated = p.rank(index, state=RankState.UNRESPONSIVE, unresponsive_since=since or p.now)
+        if not ongoing:
+            p.unresponsive.append(updated)
+            act_at = beat + timedelta(seconds=ft.heartbeat_timeout_seconds
+                                      + ft.initial_heartbeat_timeout_seconds)
+            p.event("Warning", "HeartbeatStale",
+                    f"Pod {rank.pod}: no heartbeat from its ranks since {iso(beat)} "
+                    f"(heartbeatTimeoutSeconds={ft.heartbeat_timeout_seconds}); ft_launcher "
+                    f"restarts its workers, and the operator replaces the pod if none arrives "
+                    f"by {iso(act_at)}")
+    for index in p.active():
+        rank = p.ranks[index]
+        previous = p.prev_ranks.get(index)
+        if (rank.state == RankState.RUNNING and previous is not None
+                and previous.state == RankState.UNRESPONSIVE and previous.pod == rank.pod
+                and previous.attempt == rank.attempt):
+            p.event("Normal", "HeartbeatResumed",
+                    f"Pod {rank.pod}: its ranks send heartbeats again")
+
+
+def heartbeat_deadlines(p: _Pass) -> dict[int, datetime]:
+    """For each pod that answers and whose clock counts, the next moment its heartbeat verdict
+    changes if its heartbeat stays where it is: it turns `Unresponsive` after newest heartbeat +
+    heartbeatTimeoutSeconds, and is hung after that + initialHeartbeatTimeoutSeconds (or, with no
+    heartbeat since its clock started, clock + both). A read of the pod just after that moment
+    decides it: the operator schedules one there instead of waiting for its next full pass."""
+    ft = p.spec.fault_tolerance
+    stale_after = timedelta(seconds=ft.heartbeat_timeout_seconds)
+    hang_after = stale_after + timedelta(seconds=ft.initial_heartbeat_timeout_seconds)
+    deadlines: dict[int, datetime] = {}
+    for index in silence(p).answering:
+        if p.ranks[index].state not in (RankState.RUNNING, RankState.UNRESPONSIVE,
+                                        RankState.STARTING):
+            continue  # being replaced in this pass
+        clock = _pod_clock(p, index)
+        if clock is None:
+            continue
+        beat = p.ranks[index].last_heartbeat_time
+        moments = ([beat + stale_after, beat + hang_after] if beat is not None and beat >= clock
+                   else [clock + hang_after])
+        read = _read_moment(p, index)
+        upcoming = [m for m in moments if m >= read]
+        if upcoming:
+            deadlines[index] = min(upcoming)
+    return deadlines
 
 
 def _lost_node_fault(p: _Pass, index: int, pod: PodView) -> DetectedFault:
@@ -356,7 +451,7 @@ def find_faults(p: _Pass) -> list[DetectedFault]:
             if state == RankState.PENDING and refused_before:
                 continue  # its create was refused (AdmissionRefused): created again, no fault
             if state in (RankState.STARTING, RankState.RUNNING, RankState.PENDING,
-                     RankState.STANDBY):
+                         RankState.STANDBY, RankState.UNRESPONSIVE):
                 faults.append(DetectedFault(IncidentCause.POD_VANISHED, index, p.now,
                                     f"pod {naming.trainer_pod_name(p.job.name, index)} is gone"))
             continue
@@ -430,7 +525,7 @@ def _liveness_faults(p: _Pass) -> list[DetectedFault]:
             continue
         beat = p.ranks[index].last_heartbeat_time
         evidence = beat if beat is not None and beat >= clock else clock
-        if p.now - evidence > hang_after:
+        if _read_moment(p, index) - evidence > hang_after:
             seen = f"since {iso(beat)}" if beat is not None and beat >= clock else (
                 f"since the pods started at {iso(clock)}")
             faults.append(DetectedFault(
@@ -462,7 +557,7 @@ def _liveness_faults(p: _Pass) -> list[DetectedFault]:
         p.progress_step, p.progress_since = job_step, p.now
         return []
     all_beating = all(
-        (b := p.ranks[i].last_heartbeat_time) is not None and b >= clock and _fresh(p, b)
+        (b := p.ranks[i].last_heartbeat_time) is not None and b >= clock and _fresh(p, i, b)
         for i in p.active()
     )
     stalled_since = max(p.progress_since, clock)

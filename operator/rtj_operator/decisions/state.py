@@ -58,6 +58,12 @@ class Decision:
     incidents: list[Incident]
     """The incidents this pass opened (also in `status`): what the restart metric counts."""
     memory: Memory
+    unresponsive: list[RankStatus] = field(default_factory=list)
+    """The ranks that turned `Unresponsive` in this pass (a new `HeartbeatStale` episode)."""
+    recheck: Mapping[int, datetime] = field(default_factory=dict)
+    """Per node index, the next moment the pod's heartbeat verdict changes if its heartbeat
+    stays where it is (turns Unresponsive, or hung): a read of that pod just after it decides
+    (`liveness.heartbeat_deadlines`). Empty when no pod's heartbeat is being timed."""
 
     def of_type(self, kind: type) -> list[Any]:
         """The actions of one type, in order (handy for tests)."""
@@ -166,6 +172,13 @@ class _Pass:
         when (liveness.observe_ranks); never evidence of a hang."""
         self.not_starting: list[tuple[str, str, str]] = []
         """Pods that do not start: (pod, reason, message), for the PodsNotStarting condition."""
+        self.unresponsive: list[RankStatus] = []
+        """Ranks that turned `Unresponsive` in this pass (liveness.mark_unresponsive)."""
+        self.recheck: dict[int, datetime] = {}
+        """When each pod's heartbeat verdict next changes (liveness.heartbeat_deadlines)."""
+        self.shared_clock: tuple[tuple[int, int], datetime | None] | None = None
+        """`liveness._shared_clock` of this pass, with the (standby, incidents) counts it was
+        computed for."""
 
     def restarts_within(self, action: RecoveryAction, since: datetime) -> int:
         """How many restarts of a kind the job spent since `since` (the budget window)."""

@@ -116,7 +116,8 @@ def running(p: _Pass, start_time: datetime) -> Decision:
         open_incident = next(i for i in reversed(p.incidents) if is_open(i))
         state, reason = JobState.RECOVERING, open_incident.action or RecoveryAction.RANK_RESTART
         message = f"Recovering from {open_incident.cause}: {open_incident.message}"
-    elif all(p.ranks[i].state in (RankState.STARTING, RankState.RUNNING)
+    elif all(p.ranks[i].state in (RankState.STARTING, RankState.RUNNING,
+                                  RankState.UNRESPONSIVE)
              for i in p.active()):
         state, reason = JobState.PENDING, Reason.STARTING
         message = "Waiting for every rank's heartbeat."
@@ -271,7 +272,9 @@ def build(
     """The complete status of this pass. Only the fields it knows are set: one left out keeps
     its value on the object (the status is written as a merge patch)."""
     for index in range(p.pods):
-        p.rank(index)  # make sure every node index has an entry
+        rank = p.rank(index)  # make sure every node index has an entry
+        if rank.state != RankState.UNRESPONSIVE and rank.unresponsive_since is not None:
+            p.rank(index, unresponsive_since=None)  # left the state in this pass
     restarts = p.restarts.model_copy(update={
         "total": p.restarts.rank + p.restarts.full + p.restarts.launcher + p.restarts.in_process
     })
@@ -342,7 +345,7 @@ def decision(p: _Pass, status: ResilientTrainingJobStatus) -> Decision:
     memory = Memory(status=status, progress_step=p.progress_step,
                     progress_since=p.progress_since, unobserved_since=dict(p.unobserved_since))
     return Decision(actions=p.actions, events=p.events, status=status, incidents=p.opened,
-                    memory=memory)
+                    memory=memory, unresponsive=p.unresponsive, recheck=p.recheck)
 
 
 REFUSAL_MESSAGE_LIMIT = 4096

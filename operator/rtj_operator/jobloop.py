@@ -1,0 +1,347 @@
+"""When each job's reconcile pass runs: one loop per job (the kopf daemon `reconcile` in
+handlers.py), woken by what changed rather than by a fixed timer alone.
+
+A pass runs
+- at once when the loop starts (a new job, or the operator (re)started) and when the spec
+  changes (`JobLoop.wake(full=True)`), reading the liveness of every running trainer pod first;
+- every RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS (±10 %, so that many jobs spread out): the
+  level-based pass. The loop reads every running trainer pod in the background (with a
+  thousand pods that takes a while) and runs the pass once the reads are in, so that nothing
+  waits for the read;
+- soon after one of the job's pods changed (the pod watch calls `JobLoop.wake()`): a pod that
+  failed, vanished or is being deleted is acted on at once, not at the next interval. Such a
+  pass reads no liveness (the pods' last reads are reused; the decisions measure a heartbeat's
+  age at its read) and lists nothing: while the watch cache lags behind the operator's own
+  writes it waits for the cache (`reconcile.CacheLagging`). Bursts (a thousand pods starting)
+  are coalesced: such passes start at least max(EVENT_PASS_GAP_SECONDS, the last one's
+  duration) apart;
+- just after a pod's heartbeat deadline (the decision's `recheck`, `JobMemo.recheck`): it reads
+  only the pods due, so that a stale heartbeat is published a moment after it goes stale, and a
+  hang acted on a moment after its threshold, whatever the interval and the job's size.
+
+Every pass of the job runs in this loop, one at a time, and the loop writes the job's status
+itself (one merge patch of the status subresource per pass) and then posts the pass's Events.
+Only the leader acts (`leader.LeaseElector.is_leader`). `next_pass` (when the next pass runs and
+what it reads) is pure and unit-tested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from rtj_operator import actions, kueueapi, leader, metrics, observe, reconcile, scraping
+from rtj_operator.config import OperatorSettings
+from rtj_operator.errors import InvalidJobError
+from rtj_operator.observed import NodeLiveness
+
+LOG = logging.getLogger("rtj_operator")
+
+EVENT_PASS_GAP_SECONDS = 0.5
+"""Least time between the starts of two passes woken by pod changes (or the last such pass's
+duration, when longer): a burst of pod events costs a pass or two a second, not one per
+event."""
+DEADLINE_MARGIN_SECONDS = 0.05
+"""A pod due at a heartbeat deadline is read this long after it (the verdict needs the
+deadline passed)."""
+INTERVAL_JITTER = 0.1
+"""The interval's pass runs after the interval x (1 ± this), so that jobs started together do
+not read their pods all at the same moments."""
+LONGEST_SLEEP_SECONDS = 1.0
+"""The loop looks at its stop flag at least this often."""
+FINISHED = ("Succeeded", "Failed")
+
+JobKey = tuple[str, str]
+"""(namespace, job name)."""
+Children = Callable[[], observe.Children]
+"""The job's pods, Services and claims, from the watch caches, now."""
+
+
+@dataclass(frozen=True)
+class NextPass:
+    """When the next pass runs (monotonic clock) and what it reads."""
+
+    at: float
+    reads: reconcile.Reads
+    trigger: str
+    """`start` (first pass, spec change: reads every pod itself), `read` (time to read every
+    pod in the background), `interval` (decide on the background read just finished), `pods`
+    (a pod changed), `deadline` (a pod's heartbeat deadline came)."""
+
+    @property
+    def may_list(self) -> bool:
+        """Whether the pass may list the job's children when the watch cache lags (the start
+        and the interval's pass do; one woken by a pod or a deadline waits for the cache)."""
+        return self.trigger in ("start", "interval")
+
+
+def next_pass(*, now: float, wall_now: float, full_due: float, full_requested: bool,
+              reading: bool, read_done: bool, pods_changed: bool, last_pods_start: float,
+              last_pods_seconds: float, last_start_wall: float,
+              recheck: Mapping[int, float]) -> NextPass:
+    """The next thing a job's loop does: a full pass at once when requested; the interval's
+    pass at once when a background read of every pod just finished (`read_done`); else the
+    earliest of starting that read (at `full_due`, unless one is `reading`), a pass after a pod
+    change (`pods_changed`, coalesced: not before `last_pods_start` + max(EVENT_PASS_GAP_SECONDS,
+    `last_pods_seconds`)) and the first heartbeat deadline (`recheck`, Unix times) not yet
+    handled by a pass that started after it. Those two read the pods whose deadlines have passed
+    by then. `now`, `full_due` and `last_pods_start` are monotonic; `wall_now` and
+    `last_start_wall` Unix time."""
+    if full_requested:
+        return NextPass(now, reconcile.READ_EVERY_POD, "start")
+    if read_done:
+        return NextPass(now, reconcile.READ_NONE, "interval")
+    pending = {index: at for index, at in recheck.items()
+               if at + DEADLINE_MARGIN_SECONDS > last_start_wall}
+    candidates = [] if reading else [NextPass(full_due, reconcile.READ_EVERY_POD, "read")]
+    if pending:
+        first = min(pending.values()) + DEADLINE_MARGIN_SECONDS
+        candidates.append(NextPass(max(now, now + (first - wall_now)), reconcile.READ_NONE,
+                                   "deadline"))
+    if pods_changed:
+        gap = max(EVENT_PASS_GAP_SECONDS, last_pods_seconds)
+        candidates.append(NextPass(max(now, last_pods_start + gap), reconcile.READ_NONE, "pods"))
+    if not candidates:
+        return NextPass(math.inf, reconcile.READ_NONE, "read")  # wait for the read to finish
+    chosen = min(candidates, key=lambda c: c.at)
+    if chosen.trigger == "read":
+        return chosen
+    when_wall = wall_now + (chosen.at - now) + 1e-3  # (float rounding)
+    due = frozenset(index for index, at in pending.items()
+                    if at + DEADLINE_MARGIN_SECONDS <= when_wall)
+    return NextPass(chosen.at, reconcile.Reads(pods=due) if due else reconcile.READ_NONE,
+                    chosen.trigger)
+
+
+@dataclass(frozen=True)
+class EveryPodRead:
+    """A background read of every running trainer pod: when it began (Unix time), the pods it
+    read (node indexes) and those that answered."""
+
+    began: float
+    read: tuple[int, ...]
+    answers: Mapping[int, NodeLiveness]
+
+
+class JobLoop:
+    """What wakes one job's loop, and when its passes ran."""
+
+    def __init__(self) -> None:
+        self.nudge = asyncio.Event()
+        """Set by anything that may change the plan: a wake, a background read finishing."""
+        self.full_requested = True
+        self.pods_changed = False
+        self.full_due = 0.0
+        self.last_pods_start = -math.inf
+        self.last_pods_seconds = 0.0
+        self.last_start_wall = -math.inf
+        self.reading: asyncio.Task[EveryPodRead] | None = None
+
+    def wake(self, *, full: bool = False) -> None:
+        """Run a pass soon: one that reads every pod when `full` (a spec change), else one that
+        reuses the last reads (a pod changed)."""
+        if full:
+            self.full_requested = True
+        else:
+            self.pods_changed = True
+        self.nudge.set()
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep, waking early when nudged."""
+        try:
+            await asyncio.wait_for(self.nudge.wait(), min(seconds, LONGEST_SLEEP_SECONDS))
+        except TimeoutError:
+            pass
+
+
+def pod_changed(loops: Mapping[JobKey, JobLoop], pod_memo: kopf.Memo, *, key: JobKey,
+                view: Mapping[str, Any] | None) -> None:
+    """A watch event of one of a job's pods: wake the job's loop when what the decisions read
+    of the pod (`view`, its slim form; None when it is gone) changed since the pod's last
+    event."""
+    if pod_memo.get("seen_view") == view and view is not None:
+        return
+    pod_memo["seen_view"] = view
+    loop = loops.get(key)
+    if loop is not None:
+        loop.wake()
+
+
+def finished_and_idle(state: str | None, pods: int, ttl: object,
+                      workload_pending: bool = False) -> bool:
+    """A finished job with no pod left and no TTL: nothing for a pass to do (C13), unless it is
+    queued through Kueue and its Workload was not seen Finished yet (`workload_pending`)."""
+    return state in FINISHED and pods == 0 and ttl is None and not workload_pending
+
+
+def _interval(settings: OperatorSettings) -> float:
+    return settings.reconcile_interval_seconds * random.uniform(
+        1 - INTERVAL_JITTER, 1 + INTERVAL_JITTER)
+
+
+async def _read_every_pod(scraper: scraping.Scraper, job_name: str, children: Children, *,
+                          base_port: int, procs: int) -> EveryPodRead:
+    began = time.time()
+    pods = reconcile.trainer_views(job_name, children()[0])
+    targets = [pod for pod in pods.values() if scraping.readable(pod)]
+    answers = await scraper.scrape(targets, base_port=base_port, procs=procs)
+    metrics.LIVENESS_READ_SECONDS.observe(time.time() - began)
+    return EveryPodRead(began, tuple(p.node_index for p in targets if p.node_index is not None),
+                        answers)
+
+
+async def run(*, key: JobKey, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
+              loop: JobLoop, stopped: kopf.DaemonStopped, children: Children,
+              settings: OperatorSettings) -> None:
+    """The job's loop, until kopf stops it (the job is deleted, or the operator exits)."""
+    loops: dict[JobKey, JobLoop] = memo["loops"]
+    loops[key] = loop
+    try:
+        while not stopped:
+            loop.nudge.clear()
+            now = time.monotonic()
+            reading = loop.reading is not None and not loop.reading.done()
+            plan = next_pass(
+                now=now, wall_now=time.time(), full_due=loop.full_due,
+                full_requested=loop.full_requested, reading=reading,
+                read_done=loop.reading is not None and loop.reading.done(),
+                pods_changed=loop.pods_changed, last_pods_start=loop.last_pods_start,
+                last_pods_seconds=loop.last_pods_seconds, last_start_wall=loop.last_start_wall,
+                recheck=job.recheck)
+            if plan.at > now:
+                await loop.sleep(plan.at - now)
+                continue
+            if plan.trigger == "read" and job.procs_per_node is None:
+                plan = NextPass(now, reconcile.READ_EVERY_POD, "start")  # size not known yet
+            if plan.trigger == "read" and job.procs_per_node is not None:
+                loop.reading = asyncio.create_task(_read_every_pod(
+                    memo["scraper"], key[1], children,
+                    base_port=job.metrics_port or settings.trainer_metrics_port,
+                    procs=job.procs_per_node))
+                loop.reading.add_done_callback(lambda _task: loop.nudge.set())
+                continue
+            if plan.trigger == "interval" and loop.reading is not None:
+                if not _take_read(loop.reading, job, key, children):
+                    loop.reading = None
+                    loop.full_due = now + settings.reconcile_interval_seconds
+                    continue
+                loop.reading = None
+            await _pass_and_schedule(plan, key=key, body=body, memo=memo, job=job, loop=loop,
+                                     children=children, settings=settings)
+    finally:
+        if loop.reading is not None:
+            loop.reading.cancel()
+        if loops.get(key) is loop:
+            del loops[key]
+
+
+def _take_read(task: asyncio.Task[EveryPodRead], job: reconcile.JobMemo, key: JobKey,
+               children: Children) -> bool:
+    """Merge a finished background read into the job's last reads (a pod read again since it
+    began keeps its newer read); False when the read failed."""
+    try:
+        done = task.result()
+    except Exception:
+        LOG.exception("%s/%s: reading the pods' liveness failed", *key)
+        return False
+    pods = reconcile.trainer_views(key[1], children()[0])
+    job.liveness = reconcile.merged_reads(job.liveness, done.answers, done.read, pods,
+                                          since=done.began)
+    return True
+
+
+async def _pass_and_schedule(plan: NextPass, *, key: JobKey, body: kopf.Body, memo: kopf.Memo,
+                             job: reconcile.JobMemo, loop: JobLoop, children: Children,
+                             settings: OperatorSettings) -> None:
+    """Run the planned pass (a full read inline when the job's size is not known yet, as for
+    the first pass) and schedule what follows from it."""
+    started = time.monotonic()
+    loop.pods_changed = False
+    if plan.reads.every_pod:
+        loop.full_requested = False
+    loop.last_start_wall = time.time()
+    retry: float | None = None
+    try:
+        await run_pass(body=body, memo=memo, job=job, plan=plan, children=children(),
+                       settings=settings)
+    except kopf.TemporaryError as error:
+        metrics.RECONCILE_PASSES.labels(outcome="retry").inc()
+        LOG.warning("%s/%s: pass failed, retried in %g s: %s", *key, error.delay, error)
+        retry = error.delay or settings.reconcile_interval_seconds
+    except Exception:
+        metrics.RECONCILE_PASSES.labels(outcome="error").inc()
+        LOG.exception("%s/%s: pass failed", *key)
+        retry = settings.reconcile_interval_seconds
+    end = time.monotonic()
+    if plan.trigger == "pods":
+        loop.last_pods_start, loop.last_pods_seconds = started, end - started
+    if plan.reads.every_pod or plan.trigger == "interval":
+        loop.full_due = end + _interval(settings)
+    if retry is not None:
+        loop.full_due = min(loop.full_due, end + retry)
+
+
+async def run_pass(*, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
+                   plan: NextPass, children: observe.Children,
+                   settings: OperatorSettings) -> None:
+    """One pass (observe, decide, act), then its status write and Events: nothing when this
+    replica is not the leader any more, or the job is finished and idle."""
+    elector: leader.LeaseElector | None = memo.get("elector")
+    namespace, name = body.metadata.namespace or "", body.metadata.name or ""
+    if elector is not None and not elector.is_leader():
+        # Frozen past the renew deadline: the renewal thread is about to stop the process, and
+        # another replica may lead already. Act on nothing, write nothing.
+        LOG.warning("%s/%s: skipping the pass: the Lease was not renewed in time",
+                    namespace, name)
+        return
+    remembered = job.memory.status
+    state = remembered.state if remembered is not None else (body.get("status") or {}).get(
+        "state")
+    queued = kueueapi.queue_name(body.metadata.labels) is not None
+    if finished_and_idle(state, len(list(children[0])),
+                         (body.get("spec") or {}).get("ttlSecondsAfterFinished"),
+                         workload_pending=queued and not job.workload_settled):
+        return
+    in_flight: dict[str, float] = memo["health"]["in_flight"]
+    flight_key = f"{namespace}/{name}"
+    async with job.lock:
+        in_flight[flight_key] = time.monotonic()
+        try:
+            try:
+                result = await reconcile.run_pass(
+                    body=body, memo=job, api=memo["api"], settings=settings,
+                    scraper=memo["scraper"], node_cache=memo["nodes"], children=children,
+                    reads=plan.reads, may_list=plan.may_list, trigger=plan.trigger)
+            except InvalidJobError as error:  # permanent: write why, never act
+                metrics.RECONCILE_PASSES.labels(outcome="invalid").inc()
+                if error.status:
+                    await _write_status(memo, job, namespace, name, error.status, settings)
+                    kopf.event(body, type="Warning", reason="InvalidSpec", message=str(error))
+                return
+            except reconcile.CacheLagging:
+                metrics.RECONCILE_PASSES.labels(outcome="waiting_for_cache").inc()
+                return
+            if result.status_patch:
+                await _write_status(memo, job, namespace, name, result.status_patch, settings)
+        finally:
+            in_flight.pop(flight_key, None)
+    metrics.RECONCILE_PASSES.labels(outcome="ok").inc()
+    memo["health"]["last_pass_monotonic"] = time.monotonic()
+    for event in result.events:
+        LOG.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
+
+
+async def _write_status(memo: kopf.Memo, job: reconcile.JobMemo, namespace: str, name: str,
+                        patch: dict[str, Any], settings: OperatorSettings) -> None:
+    await actions.patch_status(memo["api"], namespace=namespace, name=name, status=patch,
+                               timeout=settings.api_request_timeout_seconds)
+    reconcile.remember_written(job, patch)

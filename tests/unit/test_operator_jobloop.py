@@ -1,0 +1,118 @@
+"""When a job's pass runs and what it reads (`rtj_operator.jobloop.next_pass`), and which pod
+changes wake the job's loop (`pod_changed`). Pure: times are given, nothing sleeps."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import kopf
+import pytest
+from rtj_operator import jobloop
+from rtj_operator.jobloop import DEADLINE_MARGIN_SECONDS, EVENT_PASS_GAP_SECONDS, next_pass
+from rtj_operator.reconcile import READ_EVERY_POD, READ_NONE, Reads
+
+pytestmark = pytest.mark.unit
+
+WALL = 1_800_000_000.0
+"""Unix time at monotonic 100.0 in these tests."""
+
+
+def plan(**given: Any) -> jobloop.NextPass:
+    """next_pass at monotonic 100.0 (Unix WALL), the next read of every pod due at 102.0, no
+    read under way, nothing woken, no deadlines, the last pass started at WALL - 1.2;
+    `given` overrides."""
+    args: dict[str, Any] = {
+        "now": 100.0, "wall_now": WALL, "full_due": 102.0, "full_requested": False,
+        "reading": False, "read_done": False, "pods_changed": False,
+        "last_pods_start": -math.inf, "last_pods_seconds": 0.0,
+        "last_start_wall": WALL - 1.2, "recheck": {},
+    }
+    args.update(given)
+    return next_pass(**args)
+
+
+def test_a_new_job_or_a_spec_change_gets_a_full_pass_at_once() -> None:
+    chosen = plan(full_requested=True, full_due=math.inf)
+    assert (chosen.at, chosen.reads, chosen.trigger) == (100.0, READ_EVERY_POD, "start")
+    assert chosen.may_list
+
+
+def test_without_news_the_next_thing_is_reading_every_pod_at_the_interval() -> None:
+    chosen = plan()
+    assert (chosen.at, chosen.reads, chosen.trigger) == (102.0, READ_EVERY_POD, "read")
+
+
+def test_the_intervals_pass_runs_as_soon_as_its_read_is_in_and_may_list() -> None:
+    chosen = plan(reading=False, read_done=True, pods_changed=True)
+    assert (chosen.at, chosen.reads, chosen.trigger) == (100.0, READ_NONE, "interval")
+    assert chosen.may_list
+
+
+def test_while_every_pod_is_being_read_a_pod_change_is_acted_on_without_waiting() -> None:
+    assert plan(reading=True).at == math.inf  # nothing to do until the read is in
+    chosen = plan(reading=True, pods_changed=True, full_due=99.0)
+    assert (chosen.at, chosen.reads, chosen.trigger) == (100.0, READ_NONE, "pods")
+
+
+def test_a_pod_change_wakes_a_pass_that_reads_nothing_and_lists_nothing() -> None:
+    chosen = plan(pods_changed=True)
+    assert (chosen.at, chosen.reads, chosen.trigger) == (100.0, READ_NONE, "pods")
+    assert not chosen.may_list
+
+
+def test_pod_changes_in_a_burst_are_coalesced() -> None:
+    # The last pass woken by a pod change started a moment ago: the next one waits for the
+    # gap; a long one (2 s) makes the gap its own duration.
+    assert plan(pods_changed=True, last_pods_start=99.9, full_due=105.0).at == \
+        99.9 + EVENT_PASS_GAP_SECONDS
+    assert plan(pods_changed=True, last_pods_start=99.9, last_pods_seconds=2.0,
+                full_due=105.0).at == 101.9
+
+
+def test_a_heartbeat_deadline_reads_only_the_pods_due_just_after_it() -> None:
+    recheck = {7: WALL + 1.0, 8: WALL + 1.0, 9: WALL + 30.0}
+    chosen = plan(full_due=105.0, recheck=recheck)
+    assert chosen.at == pytest.approx(101.0 + DEADLINE_MARGIN_SECONDS)
+    assert (chosen.reads, chosen.trigger) == (Reads(pods=frozenset({7, 8})), "deadline")
+    assert not chosen.may_list
+    # ...also while every pod is being read.
+    assert plan(reading=True, recheck=recheck).trigger == "deadline"
+
+
+def test_a_deadline_passed_meanwhile_is_read_at_once_with_a_pod_change() -> None:
+    chosen = plan(pods_changed=True, full_due=105.0, recheck={3: WALL - 0.5, 4: WALL + 20.0})
+    assert (chosen.at, chosen.reads) == (100.0, Reads(pods=frozenset({3})))
+
+
+def test_a_deadline_a_pass_has_already_handled_wakes_nothing() -> None:
+    # The pass that read pod 3 started after its deadline (and decided nothing new about it, or
+    # failed): the interval comes next, not a loop of passes.
+    chosen = plan(recheck={3: WALL - 0.5}, last_start_wall=WALL - 0.4)
+    assert (chosen.at, chosen.trigger) == (102.0, "read")
+
+
+def test_only_a_change_of_what_the_decisions_read_of_a_pod_wakes_its_job() -> None:
+    loop = jobloop.JobLoop()
+    loops = {("ns", "job"): loop}
+    pod_memo = kopf.Memo()
+    running = {"metadata": {"name": "job-0"}, "status": {"phase": "Running"}}
+    jobloop.pod_changed(loops, pod_memo, key=("ns", "job"), view=running)
+    assert loop.pods_changed and loop.nudge.is_set()
+    loop.pods_changed = False
+    jobloop.pod_changed(loops, pod_memo, key=("ns", "job"), view=dict(running))
+    assert not loop.pods_changed  # the same view again (a Ready condition, an annotation)
+    failed = {"metadata": {"name": "job-0"}, "status": {"phase": "Failed"}}
+    jobloop.pod_changed(loops, pod_memo, key=("ns", "job"), view=failed)
+    assert loop.pods_changed
+    loop.pods_changed = False
+    jobloop.pod_changed(loops, pod_memo, key=("ns", "job"), view=None)  # gone
+    assert loop.pods_changed
+    jobloop.pod_changed(loops, kopf.Memo(), key=("ns", "other"), view=running)  # no loop yet
+
+
+def test_a_spec_change_asks_for_a_full_pass() -> None:
+    loop = jobloop.JobLoop()
+    loop.full_requested = False
+    loop.wake(full=True)
+    assert loop.full_requested and loop.nudge.is_set() and not loop.pods_changed
