@@ -20,6 +20,10 @@ FINALIZER = f"{GROUP}/cleanup"
 """The operator's finalizer (kopf adds it because the reconcile timer needs it)."""
 ANNOTATION_PREFIX = GROUP
 """Prefix of the annotations where kopf keeps handler progress and the last handled spec."""
+STOP_REASON_ANNOTATION = f"{GROUP}/stop-reason"
+"""Set on a job together with `spec.suspend: true` by whoever suspends it for another reason than
+a person's request: `Preempted` (a queueing system such as Kueue took its quota back) makes
+`status.lastStop.reason` say so. Remove it when resuming the job."""
 
 TRAINER_CONTAINER = "trainer"
 RENDEZVOUS_CONTAINER = "rendezvous"

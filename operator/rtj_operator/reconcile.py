@@ -146,10 +146,11 @@ async def run_pass(
     scraper: scraping.Scraper,
     node_cache: observe.NodeCache | None = None,
     children: observe.Children | None = None,
+    stop_memory: observe.StopMemory | None = None,
 ) -> PassResult:
     """Observe the job's children (from the operator's watch caches, `children`; listed from
-    the API server when None) and their nodes (the operator-wide `node_cache`) and ranks,
-    decide, apply the actions."""
+    the API server when None), their nodes (the operator-wide `node_cache`), the stops the pod
+    watch remembered (`stop_memory`) and the ranks, decide, apply the actions."""
     started = time.monotonic()
     raw = plain(body)
     current_status = raw.get("status") or {}
@@ -176,9 +177,12 @@ async def run_pass(
                          if k in unmet and started - t < EXPECTATION_SECONDS}
         if memo.expected:
             children = None  # the watch cache lags behind our own writes: list this time
+    stops = (stop_memory.seen(namespace, job.name, now_utc())
+             if stop_memory is not None else ())
     observed = await observe.observe(
         api, namespace=namespace, job_name=job.name, job_uid=job.metadata.uid or "",
         timeout=settings.api_request_timeout_seconds, node_cache=node_cache, children=children,
+        stops=stops,
     )
     liveness = await scraper.scrape(
         observed.trainer_pods.values(),
