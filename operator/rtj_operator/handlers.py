@@ -11,12 +11,20 @@ full pass when kopf first sees the job (a new job, or the operator (re)started).
 The jobs' children are observed through three kopf indexes (watch caches of every pod, Service
 and claim with the job label, keyed by namespace and job), so a pass lists nothing. A finished
 job with no pods left and no `ttlSecondsAfterFinished` costs nothing: its loop skips the pass.
+The same pod watch feeds `remember_stop`: pods ending on purpose (a stop checkpoint, an
+eviction) are remembered past their removal (`observe.StopMemory`).
+
+Deleting a job deletes its children at once, each pod with its grace period, and the job goes
+away only once its pods are gone (at most their grace period plus `DELETE_WAIT_MARGIN_SECONDS`):
+its trainers commit a checkpoint of their current step first, which a job of the same name
+resumes from, and no second set of trainers can write into the same directory meanwhile.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime, timedelta
 from typing import Any
 
 import kopf
@@ -25,6 +33,8 @@ import kubernetes.client
 from rtj_operator import actions, jobloop, leader, metrics, naming, observe, reconcile, scraping
 from rtj_operator.api import GROUP, PLURAL, VERSION
 from rtj_operator.config import OperatorSettings, settings_from_environment
+from rtj_operator.decisions import stops
+from rtj_operator.podplan import DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS
 
 SETTINGS: OperatorSettings = settings_from_environment()
 RESOURCE = (GROUP, VERSION, PLURAL)
@@ -62,6 +72,15 @@ async def job_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
                    **_: Any) -> dict[IndexKey, dict[str, Any]]:
     """Watch cache: every labelled pod (the fields the decisions read), by (namespace, job)."""
     return {(namespace, labels[naming.JOB_LABEL]): observe.slim_pod(body)}
+
+
+@kopf.on.event("pods", labels={naming.JOB_LABEL: kopf.PRESENT})
+def remember_stop(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A job pod that ends on purpose (its trainers committed a stop checkpoint, or it is
+    evicted), remembered past its removal for the passes (`observe.StopMemory`)."""
+    stop_memory: observe.StopMemory | None = memo.get("stops")
+    if stop_memory is not None:
+        stop_memory.record(body, reconcile.now_utc())
 
 
 @kopf.index("services", labels={naming.JOB_LABEL: kopf.PRESENT})
@@ -124,6 +143,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo["api"] = kubernetes.client.ApiClient()
     # One node list for every job (kopf copies the memo per object, shallowly).
     memo["nodes"] = observe.NodeCache()
+    # What pods that ended on purpose said, for every job (the pod watch records it).
+    memo["stops"] = observe.StopMemory()
     # One HTTP client for every job's liveness reads.
     memo["scraper"] = scraping.Scraper(concurrency=SETTINGS.scrape_concurrency,
                                        timeout_seconds=SETTINGS.scrape_timeout_seconds)
@@ -176,17 +197,56 @@ async def reconcile_now(memo: kopf.Memo, **_: Any) -> None:
     _job_loop(memo).wake(full=True)
 
 
+DELETE_WAIT_MARGIN_SECONDS = 30
+"""How much longer than the trainer pods' grace period a deleted job waits for them to go."""
+DELETE_POLL_SECONDS = 2.0
+
+
+def deletion_wait_over(body: kopf.Body, now: datetime) -> bool:
+    """Whether a deleted job has waited for its pods as long as it may: their grace period
+    (`podTemplate.terminationGracePeriodSeconds`, else the default) plus the margin, counted
+    from its deletionTimestamp."""
+    requested = body.metadata.get("deletionTimestamp")
+    if not requested:
+        return True
+    since = datetime.fromisoformat(str(requested).replace("Z", "+00:00"))
+    template = (body.get("spec") or {}).get("podTemplate") or {}
+    grace = template.get("terminationGracePeriodSeconds")
+    grace = grace if isinstance(grace, int) else DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS
+    return now >= since + timedelta(seconds=grace + DELETE_WAIT_MARGIN_SECONDS)
+
+
 @kopf.on.delete(*RESOURCE, id="cleanup", optional=True)
-async def cleanup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Delete the job's children at once (ownerReferences would let the GC do it later);
-    a dynamic claim with claimDeletePolicy Retain is kept and released instead."""
+async def cleanup(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **kwargs: Any) -> None:
+    """Delete the job's children at once (ownerReferences would let the GC do it later), each
+    pod with its grace period; a dynamic claim with claimDeletePolicy Retain is kept and
+    released instead. Then wait until the pods are gone (their trainers commit a checkpoint of
+    their current step: recorded as `status.lastStop`, reason `Deleted`, with an Event)."""
     spec = body.get("spec", {})
     checkpoint = spec.get("checkpoint", {})
     keep_claims = checkpoint.get("claimDeletePolicy") == "Retain"
+    namespace, name = body.metadata.namespace or "", body.metadata.name or ""
     await actions.delete_children(
-        memo["api"], namespace=body.metadata.namespace or "",
-        selector=naming.job_selector(body.metadata.name or ""), keep_claims=keep_claims,
-        timeout=SETTINGS.api_request_timeout_seconds,
+        memo["api"], namespace=namespace, selector=naming.job_selector(name),
+        keep_claims=keep_claims, timeout=SETTINGS.api_request_timeout_seconds,
     )
-    metrics.record_job_state(f"{body.metadata.namespace}/{body.metadata.name}", None)
-    metrics.record_job_status(body.metadata.namespace or "", body.metadata.name or "", None)
+    now = reconcile.now_utc()
+    pods = list(kwargs["job_pods"].get((namespace, name), []))
+    if pods and not deletion_wait_over(body, now):
+        raise kopf.TemporaryError(
+            f"waiting for {len(pods)} pod(s) to end: the trainers commit a checkpoint of their "
+            "current step first", delay=DELETE_POLL_SECONDS)
+    stop_memory: observe.StopMemory | None = memo.get("stops")
+    said = [seen for seen in (stop_memory.seen(namespace, name, now) if stop_memory else [])
+            if seen.job_uid == body.metadata.uid]
+    stop = stops.deleted_stop(said)
+    if stop is not None:
+        patch.status["lastStop"] = stop.to_api()
+        where = f" ({stop.checkpoint})" if stop.checkpoint else ""
+        LOG.info("%s/%s %s: Deleted: checkpointed step %d before stopping%s", namespace, name,
+                 stops.CHECKPOINTED_BEFORE_STOP, stop.step, where)
+        kopf.event(body, type="Normal", reason=stops.CHECKPOINTED_BEFORE_STOP,
+                   message=f"Deleted: checkpointed step {stop.step} before stopping{where}: "
+                           f"{stop.message}"[:1024])
+    metrics.record_job_state(f"{namespace}/{name}", None)
+    metrics.record_job_status(namespace, name, None)

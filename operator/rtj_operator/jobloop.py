@@ -319,7 +319,8 @@ async def run_pass(*, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
                 result = await reconcile.run_pass(
                     body=body, memo=job, api=memo["api"], settings=settings,
                     scraper=memo["scraper"], node_cache=memo["nodes"], children=children,
-                    reads=plan.reads, may_list=plan.may_list, trigger=plan.trigger)
+                    reads=plan.reads, may_list=plan.may_list, trigger=plan.trigger,
+                    stop_memory=memo.get("stops"))
             except InvalidJobError as error:  # permanent: write why, never act
                 metrics.RECONCILE_PASSES.labels(outcome="invalid").inc()
                 if error.status:

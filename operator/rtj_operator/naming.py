@@ -26,6 +26,10 @@ PLACEMENT_ANNOTATION = f"{GROUP}/placement-before-admission"
 """On a job queued through Kueue and admitted: its own `podTemplate.nodeSelector` and
 `tolerations` (JSON) from before the admitted flavors were merged in, restored when the Workload
 is evicted (what Kueue's jobframework restores from a Workload's pod sets)."""
+STOP_REASON_ANNOTATION = f"{GROUP}/stop-reason"
+"""Set on a job together with `spec.suspend: true` by whoever suspends it for another reason than
+a person's request: `Preempted` (a queueing system such as Kueue took its quota back) makes
+`status.lastStop.reason` say so. Remove it when resuming the job."""
 
 TRAINER_CONTAINER = "trainer"
 RENDEZVOUS_CONTAINER = "rendezvous"

@@ -16,11 +16,21 @@ Nodes are read once for every job: `NodeCache` holds the readiness of every node
 `NODE_CACHE_SECONDS`, and each job's pods are annotated with their node's Ready condition and
 lost-node taints. Without RBAC on nodes (`rbac.clusterScoped=false`) the operator logs that once
 and works without node information: it then cannot tell a lost node from a slow one.
+
+A trainer pod asked to stop (a suspend, a preemption, an eviction, the job's deletion) says in its
+termination message that it committed a checkpoint of its current step, and a pod the eviction
+API ends carries a `DisruptionTarget` condition that says why. The kubelet removes the pod right
+after its container ended, so a pass every few seconds would often miss both: `StopMemory` keeps
+them from the first pod event that carries them (a watch handler in handlers.py; the deletion
+event carries the pod's last state too), in memory only. An operator restarted in that window
+misses them: the stop goes unrecorded (the resumed trainers still report the checkpoint through
+their metrics) and an evicted pod it never saw is a vanished one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -40,6 +50,7 @@ from rtj_operator.observed import (
     Placement,
     PodView,
     QueueView,
+    StopSeen,
     WorkloadCondition,
     WorkloadView,
 )
@@ -109,6 +120,7 @@ def pod_view(pod: Mapping[str, Any], nodes: Mapping[str, NodeView] | None = None
     waiting = state.get("waiting") or {}
     scheduled = _condition(pod, "PodScheduled")
     unscheduled = scheduled if scheduled.get("status") == "False" else {}
+    disruption = _condition(pod, "DisruptionTarget")
     node_name = (pod.get("spec") or {}).get("nodeName")
     node = nodes.get(node_name) if nodes is not None and node_name else None
     return PodView(
@@ -136,6 +148,8 @@ def pod_view(pod: Mapping[str, Any], nodes: Mapping[str, NodeView] | None = None
         waiting_message=waiting.get("message"),
         node_ready=node.ready if node is not None else None,
         node_unreachable=node.unreachable if node is not None else False,
+        disruption=(disruption.get("reason") or "DisruptionTarget"
+                    if disruption.get("status") == "True" else None),
     )
 
 
@@ -147,9 +161,10 @@ def observed_from(
     services: Iterable[Mapping[str, Any]],
     claims: Iterable[Mapping[str, Any]],
     nodes: Mapping[str, NodeView] | None = None,
+    stops: Iterable[StopSeen] = (),
 ) -> Observed:
-    """The Observed record of a job from its labelled children (JSON dicts) and the nodes by
-    name (None: the operator cannot read nodes)."""
+    """The Observed record of a job from its labelled children (JSON dicts), the nodes by name
+    (None: the operator cannot read nodes) and the stops the pod watch saw (`StopMemory`)."""
     trainers: dict[int, PodView] = {}
     rendezvous: PodView | None = None
     for pod in pods:
@@ -178,6 +193,8 @@ def observed_from(
         headless_service=naming.headless_service_name(job_name) in service_names,
         service_ports=_service_ports(services, job_name),
         claim=claim,
+        stops=tuple(sorted((seen for seen in stops if seen.job_uid == job_uid),
+                           key=lambda seen: seen.seen_at)),
     )
 
 
@@ -201,7 +218,7 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
         "status": {
             **_pick(status, ("phase", "reason", "podIP", "startTime")),
             "conditions": [c for c in status.get("conditions") or []
-                           if c.get("type") == "PodScheduled"],
+                           if c.get("type") in ("PodScheduled", "DisruptionTarget")],
             "containerStatuses": [
                 _pick(c, ("name", "state")) for c in status.get("containerStatuses") or []
                 if c.get("name") in (naming.TRAINER_CONTAINER, naming.RENDEZVOUS_CONTAINER)],
@@ -230,6 +247,75 @@ def _service_ports(services: Iterable[Mapping[str, Any]], job_name: str) -> dict
                     and isinstance(port.get("port"), int):
                 ports[port_name] = port["port"]
     return ports
+
+
+def _controller_uid(meta: Mapping[str, Any]) -> str:
+    for owner in meta.get("ownerReferences") or []:
+        if owner.get("controller"):
+            return str(owner.get("uid") or "")
+    return ""
+
+
+STOPS_KEPT_SECONDS = 3600.0
+"""How long `StopMemory` keeps a stop (passes read it within seconds)."""
+STOPS_KEPT_PER_JOB = 64
+"""How many stopped pods `StopMemory` keeps per job (the newest)."""
+
+
+class StopMemory:
+    """The job pods that were ending on purpose, by job, shared by every job's passes (see the
+    module docstring): trainer pods whose termination message says `Stopped`, and trainer or
+    rendezvous pods a voluntary disruption ends (an eviction, a preemption). One entry per pod
+    UID, updated when a later event says more; an entry is forgotten after `max_age_seconds`,
+    and a job keeps its newest `max_per_job`."""
+
+    def __init__(self, *, max_age_seconds: float = STOPS_KEPT_SECONDS,
+                 max_per_job: int = STOPS_KEPT_PER_JOB) -> None:
+        self.max_age_seconds = max_age_seconds
+        self.max_per_job = max_per_job
+        self._jobs: dict[tuple[str, str], dict[str, StopSeen]] = {}
+
+    def record(self, pod: Mapping[str, Any], now: datetime) -> StopSeen | None:
+        """Remember `pod` (a JSON dict) if it is a trainer pod whose termination message says
+        `Stopped` or a job pod a voluntary disruption ends; returns the entry when it is new or
+        says more than before (first the eviction, then the stop)."""
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        job = labels.get(naming.JOB_LABEL)
+        if not job or labels.get(naming.ROLE_LABEL) not in (naming.ROLE_TRAINER,
+                                                            naming.ROLE_RENDEZVOUS):
+            return None
+        view = pod_view(pod)
+        stopped = view.outcome is not None and view.outcome.stopped
+        if not stopped and not view.voluntarily_disrupted:
+            return None
+        seen = self._jobs.setdefault((meta.get("namespace") or "", job), {})
+        before = seen.get(view.uid)
+        if before is not None and (before.pod.outcome is not None or not stopped) and (
+                before.pod.disruption is not None or view.disruption is None):
+            return None
+        if before is not None and view.disruption is None:
+            view = dataclasses.replace(view, disruption=before.pod.disruption)
+        stop = StopSeen(pod=view, job_uid=_controller_uid(meta),
+                        seen_at=before.seen_at if before is not None else now)
+        seen[view.uid] = stop
+        if len(seen) > self.max_per_job:
+            oldest = sorted(seen.values(), key=lambda s: s.seen_at)[: len(seen) - self.max_per_job]
+            for gone in oldest:
+                seen.pop(gone.pod.uid, None)
+        return stop
+
+    def seen(self, namespace: str, job_name: str, now: datetime) -> list[StopSeen]:
+        """The stops remembered for a job (every UID of that name), oldest first; older ones are
+        forgotten."""
+        key = (namespace, job_name)
+        kept = {uid: stop for uid, stop in self._jobs.get(key, {}).items()
+                if (now - stop.seen_at).total_seconds() <= self.max_age_seconds}
+        if kept:
+            self._jobs[key] = kept
+        else:
+            self._jobs.pop(key, None)
+        return sorted(kept.values(), key=lambda stop: stop.seen_at)
 
 
 def _as_json(api: kubernetes.client.ApiClient, items: Iterable[Any]) -> list[dict[str, Any]]:
@@ -312,10 +398,11 @@ class NodeCache:
 async def observe(
     api: kubernetes.client.ApiClient, *, namespace: str, job_name: str, job_uid: str,
     timeout: float, node_cache: NodeCache | None = None, children: Children | None = None,
+    stops: Iterable[StopSeen] = (),
 ) -> Observed:
     """The job's children from the watch caches (`children`), else read now (each API call
-    bounded by `timeout` seconds), and their nodes' readiness from `node_cache` when one is
-    given."""
+    bounded by `timeout` seconds), their nodes' readiness from `node_cache` when one is given,
+    and the stops the pod watch remembered."""
     if children is not None:
         pods, services, claims = children
     else:
@@ -326,7 +413,7 @@ async def observe(
         nodes = await node_cache.nodes(lambda: _list_nodes(api, timeout))
     return observed_from(
         job_name=job_name, job_uid=job_uid, pods=pods, services=services, claims=claims,
-        nodes=nodes,
+        nodes=nodes, stops=stops,
     )
 
 

@@ -15,6 +15,11 @@ from datetime import datetime
 
 from rtj_operator.termination import TrainerOutcome
 
+VOLUNTARY_DISRUPTIONS = frozenset({"EvictionByEvictionAPI", "PreemptionByScheduler"})
+"""`DisruptionTarget` reasons of a voluntary disruption: someone asked for the pod's place (a
+node drain, a descheduler, a higher-priority pod). The others (`DeletionByTaintManager`,
+`TerminationByKubelet`, `DeletionByPodGC`) follow a fault of the node."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class PodView:
@@ -56,6 +61,10 @@ class PodView:
     node_unreachable: bool = False
     """The pod's node carries the `node.kubernetes.io/unreachable` or
     `node.kubernetes.io/not-ready` taint (the node controller's mark of a lost node)."""
+    disruption: str | None = None
+    """The reason of the pod's `DisruptionTarget` condition when it is True: why Kubernetes is
+    ending the pod (`EvictionByEvictionAPI`: a drain's eviction; `PreemptionByScheduler`;
+    `DeletionByTaintManager`; `TerminationByKubelet`; `DeletionByPodGC`)."""
 
     @property
     def terminated(self) -> bool:
@@ -66,6 +75,12 @@ class PodView:
         """The pod's node is lost: not Ready (False or Unknown) and tainted by the node
         controller. Its kubelet can no longer finish a graceful delete."""
         return self.node_ready in ("False", "Unknown") and self.node_unreachable
+
+    @property
+    def voluntarily_disrupted(self) -> bool:
+        """Ended by a voluntary disruption (the eviction API, as a drain uses it, or the
+        scheduler's preemption), not by a fault of the pod or its node."""
+        return self.disruption in VOLUNTARY_DISRUPTIONS
 
     @property
     def start_problem(self) -> tuple[str, str] | None:
@@ -101,6 +116,30 @@ class ClaimView:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StopSeen:
+    """A job pod that was ending on purpose, as the pod watch last saw it, possibly just before
+    it went away (`observe.StopMemory`): a trainer pod whose termination message says `Stopped`
+    (asked to stop, it committed a checkpoint of its current step first), or a trainer or
+    rendezvous pod a voluntary disruption ends (`PodView.voluntarily_disrupted`)."""
+
+    pod: PodView
+    job_uid: str
+    """The UID of the job that owned the pod (a job deleted and created again has another)."""
+    seen_at: datetime
+    """When the pod watch first saw the pod ending."""
+
+    @property
+    def stopped(self) -> bool:
+        """Its trainers committed a checkpoint of their current step and stopped."""
+        return (self.pod.outcome is not None and self.pod.outcome.stopped
+                and self.pod.outcome.committed_step is not None)
+
+    @property
+    def committed_step(self) -> int | None:
+        return self.pod.outcome.committed_step if self.pod.outcome is not None else None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Observed:
     """The job's children as the API server has them now."""
 
@@ -113,6 +152,9 @@ class Observed:
     """The ports the job's Services were created with, by port name (`rendezvous`, `metrics`):
     the running pods use them, whatever the operator's settings say now."""
     claim: ClaimView | None = None
+    stops: tuple[StopSeen, ...] = ()
+    """Trainer pods of this job that said they stopped after a checkpoint, seen by the pod
+    watch (including pods that are gone since), oldest first."""
 
 
 @dataclass(frozen=True, kw_only=True)

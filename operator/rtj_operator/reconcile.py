@@ -257,12 +257,14 @@ async def run_pass(
     reads: Reads = READ_EVERY_POD,
     may_list: bool = True,
     trigger: str = "start",
+    stop_memory: observe.StopMemory | None = None,
 ) -> PassResult:
     """Observe the job's children (from the operator's watch caches, `children`; listed from
     the API server when None, or when the caches lag behind the operator's own writes and
-    `may_list`: else CacheLagging) and their nodes (the operator-wide `node_cache`) and ranks
-    (those `reads` names read now, the others' last reads reused), decide, apply the
-    actions. `trigger` (what woke the pass) labels its duration metric."""
+    `may_list`: else CacheLagging), their nodes (the operator-wide `node_cache`), the stops the
+    pod watch remembered (`stop_memory`) and the ranks (those `reads` names read now, the
+    others' last reads reused), decide, apply the actions. `trigger` (what woke the pass)
+    labels its duration metric."""
     started = time.monotonic()
     raw = plain(body)
     memo.written = unseen_writes(memo.written, raw.get("status") or {}, started)
@@ -291,9 +293,12 @@ async def run_pass(
             if not may_list:
                 raise CacheLagging(f"{len(memo.expected)} own writes not in the watch cache yet")
             children = None  # the watch cache lags behind our own writes: list this time
+    stops = (stop_memory.seen(namespace, job.name, now_utc())
+             if stop_memory is not None else ())
     observed = await observe.observe(
         api, namespace=namespace, job_name=job.name, job_uid=job.metadata.uid or "",
         timeout=settings.api_request_timeout_seconds, node_cache=node_cache, children=children,
+        stops=stops,
     )
     # The job keeps the ports its Services were created with (an operator restarted with other
     # port settings must not split it).

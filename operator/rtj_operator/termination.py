@@ -10,6 +10,7 @@ file at the container's `terminationMessagePath`; the kubelet copies it into
   that says so is neither a success nor a failure);
 - `step`, `committedStep`, `committedTime`: where training ended and its newest committed
   checkpoint (unix seconds); the final `status.step` and `status.lastCheckpoint` come from them;
+- `checkpoint`: that checkpoint's directory as the pod sees it (`status.lastStop.checkpoint`);
 - `reason`, `message`: why, for the job's condition and Event;
 - `exitCode`: the worker's exit code (what `faultTolerance.nonRetryableExitCodes` matches,
   besides the container's own code).
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 OUTCOMES = ("Succeeded", "Failed", "Stopped")
+MAX_CHECKPOINT_PATH = 1024
+"""Longest checkpoint path kept (the status field's bound)."""
 _WORD = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,63}$")
 
 
@@ -37,6 +40,7 @@ class TrainerOutcome:
     step: int | None = None
     committed_step: int | None = None
     committed_time: float | None = None
+    checkpoint: str | None = None
     reason: str = ""
     message: str = ""
     exit_code: int | None = None
@@ -90,12 +94,15 @@ def parse(text: str | None) -> tuple[TrainerOutcome | None, str | None]:
         return None, f"termination message: {exc}"
     reason = data.get("reason")
     reason = reason if isinstance(reason, str) and _WORD.match(reason) else ""
+    checkpoint = data.get("checkpoint")
     message = data.get("message")
     return TrainerOutcome(
         outcome=outcome,
         step=step,
         committed_step=committed_step,
         committed_time=float(committed_time) if committed_time is not None else None,
+        checkpoint=(checkpoint[:MAX_CHECKPOINT_PATH]
+                    if isinstance(checkpoint, str) and checkpoint else None),
         reason=reason,
         message=message[:1024] if isinstance(message, str) else "",
         exit_code=exit_code,

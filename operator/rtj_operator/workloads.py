@@ -192,6 +192,16 @@ def pod_sets_match(desired: Sequence[Mapping[str, Any]],
 SUSPEND_PATCH: Manifest = {"spec": {"suspend": True}}
 
 
+def eviction_patch(reason: str) -> Manifest:
+    """The update that suspends a job whose Workload Kueue evicted: for a preemption it also
+    sets the stop-reason annotation, so that `status.lastStop` says `Preempted`
+    (decisions/stops.py); a start removes it again (`start_patch`)."""
+    if reason != kueueapi.EVICTED_BY_PREEMPTION:
+        return SUSPEND_PATCH
+    return {"metadata": {"annotations": {naming.STOP_REASON_ANNOTATION: "Preempted"}},
+            "spec": {"suspend": True}}
+
+
 def _placement_patch(current: Placement, wanted: Placement) -> Manifest:
     """The merge patch of `spec.podTemplate` that turns placement `current` into `wanted`."""
     selector: dict[str, str | None] = {key: None for key in current.node_selector
@@ -207,7 +217,8 @@ def start_patch(job: ResilientTrainingJob, *, own: Placement, admitted: Placemen
     return {
         "metadata": {"annotations": {naming.PLACEMENT_ANNOTATION: json.dumps(
             {"nodeSelector": dict(own.node_selector),
-             "tolerations": [dict(t) for t in own.tolerations]}, sort_keys=True)}},
+             "tolerations": [dict(t) for t in own.tolerations]}, sort_keys=True),
+            naming.STOP_REASON_ANNOTATION: None}},
         "spec": {"suspend": False,
                  "podTemplate": _placement_patch(placement_of(job), admitted)},
     }

@@ -283,8 +283,15 @@ def refusal_waiting(
     return NotReadyToStart("ImagePullBackOff", backoff), (next_pull, failures)
 
 
+KUBELET_POD_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+"""The pod conditions a kubelet owns (kubelet's `PodConditionsByKubelet`, less the readiness gates
+it does not support); every other condition on the pod is someone else's and is kept."""
+
+
 def pod_conditions(pod: JsonObject, run: PodRun | None, ready: bool) -> list[JsonObject]:
-    """Full condition list (merge patch replaces lists), keeping the scheduler's PodScheduled."""
+    """Full condition list (merge patch replaces lists), keeping the scheduler's PodScheduled and
+    every condition another component set (the eviction API's `DisruptionTarget`): like kubelet's
+    status manager, which merges its own conditions over the others'."""
     now = now_rfc3339()
     old = {c["type"]: c for c in pod.get("status", {}).get("conditions", []) or []}
 
@@ -306,10 +313,12 @@ def pod_conditions(pod: JsonObject, run: PodRun | None, ready: bool) -> list[Jso
 
     scheduled = old.get("PodScheduled") or condition("PodScheduled", True)
     not_ready_reason = "PodCompleted" if run is not None and not run.alive else "ContainersNotReady"
+    others = [c for kind, c in old.items() if kind not in (*KUBELET_POD_CONDITIONS, "PodScheduled")]
     return [
         condition("PodReadyToStartContainers", run is not None and run.alive),
         condition("Initialized", True),
         condition("ContainersReady", ready, not_ready_reason),
         condition("Ready", ready, not_ready_reason),
         scheduled,
+        *others,
     ]

@@ -24,6 +24,7 @@ from rtj_operator.observed import (
     PodView,
     QueueView,
     RankSample,
+    StopSeen,
 )
 from rtj_operator.podplan import plan_for
 from rtj_operator.reconcile import api_status
@@ -109,11 +110,11 @@ def rendezvous(phase: str = "Running", deleting: bool = False, **view: Any) -> P
 
 
 def world(*pods: PodView, rdzv: PodView | None = None, claim: ClaimView | None = None,
-          services: bool = True) -> Observed:
+          services: bool = True, stops: tuple[StopSeen, ...] = ()) -> Observed:
     return Observed(
         trainer_pods={p.node_index: p for p in pods if p.node_index is not None},
         rendezvous_pod=rdzv, rendezvous_service=services, headless_service=services,
-        claim=claim,
+        claim=claim, stops=stops,
     )
 
 

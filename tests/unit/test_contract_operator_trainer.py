@@ -136,7 +136,9 @@ def test_the_operator_reads_every_termination_message_the_trainer_writes() -> No
         writer.TerminationMessage(outcome=writer.FAILED, reason="WorldSizeChanged",
                                   message="x" * 9000, exit_code=94),
         writer.TerminationMessage(outcome=writer.STOPPED, step=37, committed_step=37,
-                                  committed_time=1764417601.5, reason="CheckpointedBeforeStop",
+                                  committed_time=1764417601.5,
+                                  checkpoint="/checkpoints/team/job/step-000000037.a0-l0-i0-1",
+                                  reason="CheckpointedBeforeStop",
                                   message="checkpointed step 37 before stopping", exit_code=0),
     ):
         outcome, problem = reader.parse(message.encode().decode())
@@ -144,6 +146,7 @@ def test_the_operator_reads_every_termination_message_the_trainer_writes() -> No
         assert outcome.outcome == message.outcome and outcome.step == message.step
         assert outcome.committed_step == message.committed_step
         assert outcome.committed_time == message.committed_time
+        assert outcome.checkpoint == message.checkpoint
         assert outcome.reason == message.reason and outcome.exit_code == message.exit_code
         assert message.message.startswith(outcome.message.removesuffix("..."))
         assert outcome.stopped == (message.outcome == writer.STOPPED)

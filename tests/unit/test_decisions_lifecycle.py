@@ -232,10 +232,13 @@ def test_a_checkpoint_committed_before_the_suspend_is_recorded_once() -> None:
     assert three.status["lastCheckpoint"]["step"] == 37
     assert three.status["state"] == "Suspended"
     assert "checkpointed step 37 before stopping" in condition(three, "Suspended")["message"]
-    assert [e.message for e in three.events if e.reason == "CheckpointedBeforeSuspend"] == [
-        "Checkpointed at step 37 before the suspend"]
+    assert three.status["lastStop"]["reason"] == "Suspended"
+    assert three.status["lastStop"]["step"] == 37
+    assert [e.message for e in three.events if e.reason == "CheckpointedBeforeStop"] == [
+        "Suspended: checkpointed step 37 before stopping: the job was suspended; the trainers "
+        "committed a checkpoint of step 37 before they stopped"]
     four = then(three, suspended, ended, now=T0 + timedelta(seconds=68))
-    assert "CheckpointedBeforeSuspend" not in events(four)  # once
+    assert "CheckpointedBeforeStop" not in events(four)  # once
     five = then(four, suspended, world(), now=T0 + timedelta(seconds=70))  # pods gone
     assert five.status["lastCheckpoint"]["step"] == 37
 

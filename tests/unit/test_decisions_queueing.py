@@ -166,6 +166,8 @@ def test_start_and_restore_patches_swap_the_placement_and_keep_the_jobs_own() ->
     assert start["spec"] == {"suspend": False, "podTemplate": {
         "nodeSelector": ADMITTED_SELECTOR, "tolerations": [RESERVED]}}
     saved = json.loads(start["metadata"]["annotations"][naming.PLACEMENT_ANNOTATION])
+    # A stop reason left by an earlier preemption goes with the start.
+    assert start["metadata"]["annotations"][naming.STOP_REASON_ANNOTATION] is None
     assert saved == {"nodeSelector": {"team": "a"}, "tolerations": []}
     restore = workloads.restore_patch(started_job(), own=own)
     assert restore == {
@@ -258,7 +260,10 @@ def test_an_eviction_suspends_the_job_then_requeues_it_once_no_pod_is_left(
 ) -> None:
     evicted = a_workload(admitted=True, Evicted=("True", reason, "Preempted to make room"))
     stopping = decide(started_job(), running_world(), queue=queue(evicted))
-    assert patches(stopping) == [{"spec": {"suspend": True}}]
+    # A preemption says so to the stop record (status.lastStop.reason Preempted).
+    stop_reason = ({"metadata": {"annotations": {naming.STOP_REASON_ANNOTATION: "Preempted"}}}
+                   if reason == "Preempted" else {})
+    assert patches(stopping) == [{**stop_reason, "spec": {"suspend": True}}]
     assert sorted(deleted(stopping)) == ["tiny-0", "tiny-1", "tiny-rdzv"]
     assert [e.type for e in stopping.events if e.reason == "Evicted"] == ["Warning"]
     assert stopping.status["state"] == "Suspended"  # pods are still stopping

@@ -252,6 +252,19 @@ def test_pod_conditions_keep_the_schedulers_pod_scheduled_condition() -> None:
     }
 
 
+def test_pod_conditions_keep_a_condition_another_component_set() -> None:
+    """The eviction API sets DisruptionTarget before it deletes the pod; a kubelet posting the
+    pod's status at exit keeps it (its status manager merges only its own conditions)."""
+    evicted = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+               "message": "Eviction API: evicting", "lastTransitionTime": "then"}
+    stale_ready = {"type": "Ready", "status": "True", "lastTransitionTime": "then"}
+    pod = {"status": {"conditions": [evicted, stale_ready]}}
+    conditions = pod_conditions(pod, None, ready=False)
+    assert evicted in conditions
+    assert [c["status"] for c in conditions if c["type"] == "Ready"] == ["False"]
+    assert len(conditions) == 6
+
+
 def test_a_checkout_and_run_dir_under_tmp_stay_visible_through_the_private_tmp() -> None:
     from harness.kubelet.runtime import REPO_ROOT, paths_to_keep_visible
 

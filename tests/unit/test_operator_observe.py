@@ -14,11 +14,13 @@ from kubernetes.client.exceptions import ApiException
 from rtj_operator.observe import (
     FORBIDDEN_RETRY_SECONDS,
     NodeCache,
+    StopMemory,
     node_view,
     observe_queue,
     observed_from,
     pod_view,
     slim_object,
+    slim_pod,
 )
 
 pytestmark = pytest.mark.unit
@@ -224,3 +226,72 @@ def test_a_missing_workload_is_told_apart_from_a_cluster_without_kueue(
         assert view.unavailable is None
     else:
         assert view.unavailable is not None and why in view.unavailable
+
+
+# --- a drain's eviction and a stop, remembered past the pod ---------------------------------------
+
+EVICTION = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+            "message": "Eviction API: evicting"}
+STOPPED = {"name": "trainer", "state": {"terminated": {"exitCode": 0, "message": (
+    '{"v":1,"outcome":"Stopped","step":37,"committedStep":37,"committedTime":1796086800.0,'
+    '"checkpoint":"/checkpoints/ns/j/step-000000037.a0","reason":"CheckpointedBeforeStop",'
+    '"message":"checkpointed step 37 before stopping","exitCode":0}')}}}
+
+
+def owned(body: dict[str, Any], job_uid: str = "job-uid", namespace: str = "ns") -> dict[str, Any]:
+    meta: dict[str, Any] = body["metadata"]
+    meta["namespace"] = namespace
+    meta["ownerReferences"] = [{"kind": "ResilientTrainingJob", "name": "j", "uid": job_uid,
+                                "controller": True}]
+    return body
+
+
+def test_an_evicted_pod_shows_why_and_the_watch_cache_keeps_it() -> None:
+    body = pod("j-1", "trainer", 1, phase="Running", conditions=[EVICTION])
+    body["metadata"]["deletionTimestamp"] = "2026-11-29T12:00:00Z"
+    view = pod_view(slim_pod(body))
+    assert view.disruption == "EvictionByEvictionAPI" and view.voluntarily_disrupted
+    assert view.deleting
+    preempted = pod("j-1", "trainer", 1,
+                    conditions=[{**EVICTION, "reason": "PreemptionByScheduler"}])
+    assert pod_view(preempted).voluntarily_disrupted
+    tainted = pod("j-1", "trainer", 1,
+                  conditions=[{**EVICTION, "reason": "DeletionByTaintManager"}])
+    assert pod_view(tainted).disruption == "DeletionByTaintManager"
+    assert not pod_view(tainted).voluntarily_disrupted
+    cleared = pod("j-1", "trainer", 1, conditions=[{**EVICTION, "status": "False"}])
+    assert pod_view(cleared).disruption is None
+
+
+def test_the_stop_memory_keeps_an_eviction_then_the_stop_of_the_same_pod() -> None:
+    memory = StopMemory()
+    t0 = datetime(2026, 11, 29, 12, tzinfo=UTC)
+    evicted = owned(pod("j-1", "trainer", 1, phase="Running", conditions=[EVICTION]))
+    first = memory.record(evicted, t0)
+    assert first is not None and first.pod.voluntarily_disrupted and not first.stopped
+    assert memory.record(evicted, t0.replace(second=1)) is None  # nothing new
+    # The kubelet's last status: the termination message (a kubelet that dropped the
+    # condition meanwhile loses nothing: the eviction is kept).
+    ended = owned(pod("j-1", "trainer", 1, phase="Succeeded", containerStatuses=[STOPPED]))
+    second = memory.record(ended, t0.replace(second=2))
+    assert second is not None and second.stopped and second.committed_step == 37
+    assert second.pod.voluntarily_disrupted and second.seen_at == t0
+    assert second.pod.outcome is not None
+    assert second.pod.outcome.checkpoint == "/checkpoints/ns/j/step-000000037.a0"
+    (kept,) = memory.seen("ns", "j", t0.replace(minute=1))
+    assert kept == second and kept.job_uid == "job-uid"
+
+
+def test_the_stop_memory_ignores_pods_that_end_for_no_stop_and_forgets_old_ones() -> None:
+    memory = StopMemory(max_age_seconds=60, max_per_job=2)
+    t0 = datetime(2026, 11, 29, 12, tzinfo=UTC)
+    assert memory.record(owned(pod("j-0", "trainer", 0, phase="Failed")), t0) is None
+    assert memory.record(owned(pod("other", "sidecar", 0, conditions=[EVICTION])), t0) is None
+    rendezvous = owned(pod("j-rdzv", "rendezvous", conditions=[EVICTION]))
+    assert memory.record(rendezvous, t0) is not None  # an evicted rendezvous pod counts
+    for n in range(3):
+        memory.record(owned(pod(f"j-{n}", "trainer", n, containerStatuses=[STOPPED])),
+                      t0.replace(second=n + 1))
+    assert [s.pod.name for s in memory.seen("ns", "j", t0.replace(second=30))] == ["j-1", "j-2"]
+    assert memory.seen("ns", "j", t0.replace(minute=5)) == []
+    assert memory.seen("other-ns", "j", t0) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from nvidia_resiliency_ext.fault_tolerance.data import UpdateConfigMsg
@@ -64,3 +65,130 @@ def test_the_same_cycle_announced_again_does_not_clear_an_abort() -> None:
     monitor = _aborted_monitor(cycle=3)
     _announce(monitor, cycle=3)
     assert monitor.state_machine.state == RankMonitorState.ABORTED
+
+
+# --- stops: the local workers finish a peer's stop; a lost store stops them with a checkpoint ---
+
+
+def test_the_workers_finish_a_peer_stop_while_every_exited_one_exited_95() -> None:
+    from rtj_trainer.ftlaunch import peer_stop_under_way
+
+    assert peer_stop_under_way([95, None])  # one left, the other still leaving the wrapper
+    assert peer_stop_under_way([None, 95, 95, None])
+    assert not peer_stop_under_way([95, 95])  # all done: ft_launcher restarts them now
+    assert not peer_stop_under_way([None, None])  # nothing ended
+    assert not peer_stop_under_way([95, 1, None])  # a real failure among them: no waiting
+    assert not peer_stop_under_way([-9, None])
+    assert not peer_stop_under_way([])
+
+
+def test_a_broken_store_connection_counts_as_a_lost_store_wherever_it_is_in_the_chain() -> None:
+    import torch.distributed as dist
+    from rtj_trainer.ftlaunch import lost_the_store
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    assert lost_the_store(dist.DistNetworkError("Connection reset by peer"))
+    assert lost_the_store(dist.DistStoreError("timeout"))
+    assert lost_the_store(RendezvousConnectionError("the store is gone"))
+    wrapped = RuntimeError("the agent failed")
+    wrapped.__cause__ = dist.DistNetworkError("Broken pipe")
+    assert lost_the_store(wrapped)
+    assert not lost_the_store(None)
+    assert not lost_the_store(RuntimeError("something else"))
+    assert not lost_the_store(SignalException("got signal: 15", 15))  # type: ignore[arg-type]
+
+
+def test_sigterm_is_ignored_only_inside_the_wait_for_a_stop() -> None:
+    import signal
+
+    from rtj_trainer.ftlaunch import sigterm_ignored
+
+    before = signal.getsignal(signal.SIGTERM)
+    with sigterm_ignored():
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+class FakeStore:
+    """The two calls of a c10d store the refunds use."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, bytes] = {}
+
+    def set(self, key: str, value: bytes) -> None:
+        self.keys[key] = value
+
+    def check(self, keys: list[str]) -> bool:
+        return all(key in self.keys for key in keys)
+
+
+def launcher_at_round(store: FakeStore, round_: int) -> SimpleNamespace:
+    barrier = SimpleNamespace(store=store, prefix="ft_rendezvous_barrier:job")
+    handler = SimpleNamespace(_barrier_state=barrier, round=lambda: round_)
+    return SimpleNamespace(_rdzv_handler=handler)
+
+
+def test_a_round_opened_for_a_peers_stop_is_marked_for_every_launcher_to_see() -> None:
+    from rtj_trainer.ftlaunch import is_peer_stop_round, mark_peer_stop_round
+
+    store = FakeStore()
+    first = launcher_at_round(store, 3)  # three rounds done: it is about to open round 3
+    mark_peer_stop_round(first)
+    assert store.keys == {"ft_rendezvous_barrier:job:rtj_peer_stop_round_3": b"1"}
+    other = launcher_at_round(store, 3)  # another survivor, seeing round 3 opened
+    assert is_peer_stop_round(other, 3) and not is_peer_stop_round(other, 2)
+
+
+def test_a_launcher_that_starts_later_adds_back_every_round_opened_for_a_peers_stop() -> None:
+    from rtj_trainer.ftlaunch import mark_peer_stop_round, peer_stop_rounds_so_far
+
+    store = FakeStore()
+    for round_ in (1, 4):  # two evictions; rounds 2 and 3 were faults
+        mark_peer_stop_round(launcher_at_round(store, round_))
+    assert peer_stop_rounds_so_far(launcher_at_round(store, 4)) == 2  # joining round 4
+    assert peer_stop_rounds_so_far(launcher_at_round(store, 3)) == 1
+    assert peer_stop_rounds_so_far(launcher_at_round(store, 0)) == 0  # a fresh job
+
+
+def test_without_the_barrier_rendezvous_nothing_is_marked_or_refunded() -> None:
+    from rtj_trainer.ftlaunch import (
+        is_peer_stop_round,
+        mark_peer_stop_round,
+        peer_stop_rounds_so_far,
+    )
+
+    other = SimpleNamespace(_rdzv_handler=SimpleNamespace(round=lambda: 2))
+    mark_peer_stop_round(other)
+    assert not is_peer_stop_round(other, 2) and peer_stop_rounds_so_far(other) == 0
+
+
+def test_the_shim_refunds_a_restart_into_a_peer_stop_round_and_only_that_one() -> None:
+    """The patched agent methods, on a stand-in agent: the restart decision of a round marked
+    for a peer's stop leaves the restarts left unchanged; a fault's decision spends one."""
+    from rtj_trainer.ftlaunch import _install_peer_stop_refunds, mark_peer_stop_round
+
+    class Agent:
+        def _handle_restart_decision(self, role: str, spec: object, log_msg: str,
+                                     open_rendezvous: bool = False) -> bool:
+            self._remaining_restarts -= 1  # what ft_launcher does before restarting
+            return True
+
+        def _invoke_run(self, role: str = "default") -> int:
+            return int(self._remaining_restarts)
+
+    _install_peer_stop_refunds(Agent)  # in production: NVRx's LocalElasticAgent
+    store = FakeStore()
+    agent: Any = Agent()
+    agent._rdzv_handler = launcher_at_round(store, 1)._rdzv_handler
+    agent._remaining_restarts = 5
+    mark_peer_stop_round(agent)
+    assert agent._handle_restart_decision("default", None, "restart") is True
+    assert agent._remaining_restarts == 5  # the eviction's round cost nothing
+    agent._rdzv_handler = launcher_at_round(store, 2)._rdzv_handler  # a fault's round
+    assert agent._handle_restart_decision("default", None, "restart") is True
+    assert agent._remaining_restarts == 4
+    late: Any = Agent()  # a replaced pod's launcher: `run` set 5 - 2 rounds done
+    late._rdzv_handler = launcher_at_round(store, 2)._rdzv_handler
+    late._remaining_restarts = 3
+    assert late._invoke_run() == 4  # the same count as the survivors'

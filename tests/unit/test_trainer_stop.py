@@ -141,3 +141,25 @@ def test_a_worker_stopped_for_a_peer_is_never_taken_for_a_non_retryable_exit() -
 
     failures = {0: SimpleNamespace(exitcode=PEER_STOPPED_EXIT_CODE), 1: SimpleNamespace(exitcode=7)}
     assert non_retryable_failures(failures, frozenset({PEER_STOPPED_EXIT_CODE, 7})) == [(1, 7)]
+
+
+def test_a_stopped_worker_exits_0_when_asked_and_95_when_a_peer_was() -> None:
+    from rtj_trainer.stop import PEER_STOPPED_EXIT_CODE, stop_exit_code
+
+    assert stop_exit_code(True) == 0
+    assert stop_exit_code(False) == PEER_STOPPED_EXIT_CODE == 95
+
+
+def test_a_stopped_worker_arms_a_daemon_timer_that_ends_it_with_its_code() -> None:
+    """Leaving NVRx's wrapper can hang after a partial stop (its termination barrier waits for a
+    peer its launcher killed): the timer ends the process with its code instead."""
+    from rtj_trainer.stop import EXIT_AFTER_STOP_SECONDS, exit_soon
+
+    ended: list[int] = []
+    timer = exit_soon(95, after_seconds=3600, end=ended.append)
+    try:
+        assert timer.daemon and timer.is_alive() and timer.interval == 3600
+        assert timer.function == ended.append and timer.args == (95,)
+    finally:
+        timer.cancel()
+    assert 0 < EXIT_AFTER_STOP_SECONDS <= 30  # well inside any grace period

@@ -27,9 +27,12 @@ from typing import TYPE_CHECKING
 from . import termination
 from .config import PRESETS, build_config, launch_environment
 from .errors import FATAL_EXIT_CODE, FatalError
-from .stop import PEER_STOPPED_EXIT_CODE, STOP
+from .stop import PEER_STOPPED_EXIT_CODE, STOP, exit_now, exit_soon, stop_exit_code
 
 if TYPE_CHECKING:
+    from .config import Config
+    from .metrics import TrainerMetrics
+    from .resiliency import Session
     from .train import Finished
 
 log = logging.getLogger("rtj_trainer")
@@ -98,15 +101,19 @@ def fatal(exc: FatalError) -> int:
 
 
 def stopped(finished: Finished) -> int:
-    """The step loop stopped after committing a checkpoint (rtj_trainer.stop). A worker that was
-    asked to stop exits 0 and (local rank 0) says so in the termination message; one that
-    stopped because a peer was asked exits PEER_STOPPED_EXIT_CODE, so that its launcher, which
-    was not asked to stop, restarts it."""
+    """The step loop stopped after committing a checkpoint (rtj_trainer.stop); called inside the
+    in-process wrapper, at once. A worker that was asked to stop exits 0 and (local rank 0) says
+    so in the termination message; one that stopped because a peer was asked exits
+    PEER_STOPPED_EXIT_CODE, so that its launcher, which was not asked to stop, restarts it.
+    Either way the process ends with that code within `stop.EXIT_AFTER_STOP_SECONDS`, whether or
+    not the wrapper lets it go (`stop.exit_soon`). Returns the exit code."""
     asked = STOP.requested
     if asked:
         report_termination(termination.TerminationMessage(
             outcome=termination.STOPPED, step=finished.step,
             committed_step=finished.committed_step, committed_time=finished.committed_time,
+            checkpoint=(str(finished.committed_dir)
+                        if finished.committed_dir is not None else None),
             reason="CheckpointedBeforeStop",
             message=(f"checkpointed step {finished.committed_step} before stopping (asked by "
                      f"ft_launcher after the pod's SIGTERM"
@@ -118,7 +125,20 @@ def stopped(finished: Finished) -> int:
              "asked to stop" if asked else f"a peer was asked to stop; exiting "
              f"{PEER_STOPPED_EXIT_CODE} so that ft_launcher restarts this worker",
              extra={"rank": launch_environment().rank})
-    return 0 if asked else PEER_STOPPED_EXIT_CODE
+    code = stop_exit_code(asked)
+    exit_soon(code)
+    return code
+
+
+def train_and_report(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
+    """One attempt (`train.train`); a stop is reported at once (`stopped`), before the
+    in-process wrapper is left."""
+    from .train import train
+
+    finished = train(cfg, session, metrics)
+    if finished.stopped:
+        stopped(finished)
+    return finished
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,7 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     # Heavy imports only after the config is known to be valid.
     from .metrics import TrainerMetrics
     from .resiliency import Resiliency, waiting_as_spare
-    from .train import train
 
     timeline.mark("imports")
     metrics = TrainerMetrics(rank=launch.rank, local_rank=launch.local_rank, job=cfg.job.name,
@@ -160,21 +179,17 @@ def main(argv: list[str] | None = None) -> int:
                  extra={"rank": launch.rank})
     resiliency = Resiliency(cfg, launch)
     try:
-        finished = resiliency.run(lambda session: train(cfg, session, metrics))
+        finished = resiliency.run(lambda session: train_and_report(cfg, session, metrics))
     except FatalError as exc:
         return fatal(exc)
     finally:
         resiliency.close()
         metrics.close()
     if finished.stopped:
-        code = stopped(finished)
-        # Everything is closed and the checkpoint is committed. The rank monitor was signalled
-        # with the launcher and is gone; the interpreter's own shutdown then can take seconds
-        # of the grace period and crash (SIGSEGV after "deallocated BytesIO object has exported
-        # buffers", seen under ft_launcher), which the launcher would count as a failed worker.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        # Everything is closed, the checkpoint committed and the stop reported (`stopped`).
+        # The rank monitor was signalled with the launcher and is gone: leave without the
+        # interpreter's own shutdown (`stop.exit_now`).
+        exit_now(stop_exit_code(STOP.requested))
     report_termination(termination.TerminationMessage(
         outcome=termination.SUCCEEDED, step=finished.step,
         committed_step=finished.committed_step, committed_time=finished.committed_time,

@@ -27,8 +27,30 @@ signal and SIGKILLs them after `--term-timeout`. The shim sends them
 `rtj_trainer.stop.STOP_SIGNAL` (SIGUSR2) instead, to each worker process only (not its process
 group: the worker's checkpoint writer must outlive the signal), and waits up to `--term-timeout`
 for them to commit a checkpoint of their current step and exit (rtj_trainer.stop); whatever is
-left then gets ft_launcher's own SIGTERM and SIGKILL. Stopping workers to restart them after a
-fault is unchanged (SIGTERM: they die at once).
+left then gets ft_launcher's own SIGTERM and SIGKILL. A second SIGTERM meanwhile (the operator
+deleting a pod that is already stopping) does not cut the wait short. The same happens when the
+launcher loses the rendezvous store (its pod evicted, or lost): the launcher cannot go on, but
+its workers are healthy and their process group needs no store, so they checkpoint their current
+step first. Stopping workers to restart them after a fault is unchanged (SIGTERM: they die at
+once).
+
+**Letting the local workers finish a stop.** When another pod's workers were asked to stop, every
+rank stops at the same step and this pod's workers exit with `PEER_STOPPED_EXIT_CODE` (95), one
+after the other. ft_launcher would restart the worker group as soon as the first one exits and
+SIGTERM the others while they leave NVRx's in-process wrapper, where rank 0 then waits for them
+(its termination barrier) until its own pod is killed. So while every worker that has exited
+exited 95 and others still run, the shim reports the group healthy for up to
+`PEER_STOP_WAIT_SECONDS`, and the others exit by themselves first.
+
+**A peer's stop spends no launcher restart.** ft_launcher's `--max-restarts` counts rendezvous
+rounds, job-wide: each launcher restarts its workers at most that many times, and a launcher
+that starts later (a replaced pod) starts with `--max-restarts` minus the rounds already done.
+A round opened because another pod was evicted (every local worker exited 95) is not a fault:
+the launcher that first sees it marks the round in the rendezvous store before it opens it
+(`mark_peer_stop_round`), every launcher that restarts into that round gets the restart back,
+and a launcher starting later adds back the rounds marked so far, so every launcher keeps the
+same count. Only a worker group that stopped entirely with 95 marks a round: a real failure
+among them spends the restart as before.
 
 **The pod's liveness endpoint.** The shim also serves `GET /ranks` on
 RTJ_METRICS_HOST:(RTJ_METRICS_PORT - 1): every local rank's heartbeat, step and counters in one
@@ -38,19 +60,23 @@ one per rank.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import podmetrics, termination
 from .stop import PEER_STOPPED_EXIT_CODE, STOP_SIGNAL
 
+PEER_STOP_WAIT_SECONDS = 30.0
+"""How long a launcher lets its other workers finish a stop after the first one exited 95."""
 STOP_REASON = "trainer_non_retryable_exit"
 """What the rendezvous store records as the reason the job must not be restarted."""
 NON_RETRYABLE_FLAG = "--rtj-non-retryable-exit-codes="
@@ -148,6 +174,86 @@ def reset_aborted_rank_monitors() -> None:
     server._handle_update_config_msg = _handle_update_config_msg  # type: ignore[method-assign]
 
 
+def peer_stop_under_way(exit_codes: Sequence[int | None]) -> bool:
+    """Whether the local workers are finishing a stop a peer was asked for: some exited, every
+    one that exited exited with PEER_STOPPED_EXIT_CODE, and some still run (`exit_codes`: one
+    per worker, None while it runs)."""
+    ended = [code for code in exit_codes if code is not None]
+    return (bool(ended) and len(ended) < len(exit_codes)
+            and all(code == PEER_STOPPED_EXIT_CODE for code in ended))
+
+
+PEER_STOP_ROUND_KEY = "rtj_peer_stop_round_"
+"""Suffix (after the rendezvous barrier's key prefix) of the store keys that mark the rounds
+opened for a peer's stop."""
+
+
+def _barrier_store(agent: Any) -> tuple[Any, str] | None:
+    """The rendezvous barrier's store and key prefix (NVRx 0.7.0's FtRendezvousBarrierHandler),
+    or None with another rendezvous handler."""
+    state = getattr(getattr(agent, "_rdzv_handler", None), "_barrier_state", None)
+    if state is None or getattr(state, "store", None) is None:
+        return None
+    return state.store, str(state.prefix)
+
+
+def _peer_stop_key(prefix: str, round_: int) -> str:
+    return f"{prefix}:{PEER_STOP_ROUND_KEY}{round_}"
+
+
+def mark_peer_stop_round(agent: Any) -> None:
+    """Record in the store that the round this launcher is about to open (`round()`: the rounds
+    completed so far) is opened for a peer's stop."""
+    found = _barrier_store(agent)
+    if found is not None:
+        store, prefix = found
+        store.set(_peer_stop_key(prefix, agent._rdzv_handler.round()), b"1")
+
+
+def is_peer_stop_round(agent: Any, round_: int) -> bool:
+    found = _barrier_store(agent)
+    if found is None:
+        return False
+    store, prefix = found
+    return bool(store.check([_peer_stop_key(prefix, round_)]))
+
+
+def peer_stop_rounds_so_far(agent: Any) -> int:
+    """How many of the rounds up to the current one were opened for a peer's stop (what a
+    launcher that starts now adds back to the restarts left)."""
+    return sum(1 for round_ in range(1, agent._rdzv_handler.round() + 1)
+               if is_peer_stop_round(agent, round_))
+
+
+def lost_the_store(error: BaseException | None) -> bool:
+    """Whether the launcher ended because it lost the rendezvous store (its connection broke or
+    timed out), rather than on a signal or its own decision."""
+    from torch.distributed import DistError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, (DistError, RendezvousConnectionError)):
+            return True
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return False
+
+
+@contextlib.contextmanager
+def sigterm_ignored() -> Iterator[None]:
+    """SIGTERM does nothing inside (on the main thread; elsewhere this changes nothing): a second
+    SIGTERM must not cut short a wait for a stop checkpoint (SIGKILL still ends it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def ask_workers_to_stop(pcontext: Any, timeout: float) -> float:
     """Send STOP_SIGNAL to every live worker process (not its group) and wait up to `timeout`
     seconds for all of them to exit; returns the seconds left."""
@@ -158,26 +264,27 @@ def ask_workers_to_stop(pcontext: Any, timeout: float) -> float:
     live = [h.proc for h in handlers.values() if h.proc.poll() is None]
     log.warning("asked to stop: %s to %d workers (checkpoint, then stop), at most %.0f s",
                 signal.Signals(STOP_SIGNAL).name, len(live), timeout)
-    for proc in live:
-        try:
-            os.kill(proc.pid, STOP_SIGNAL)
-        except ProcessLookupError:
-            pass
-    for proc in live:
-        left = timeout - (time.monotonic() - began)
-        if left <= 0:
-            break
-        try:
-            proc.wait(left)
-        except subprocess.TimeoutExpired:  # ft_launcher's own shutdown follows
-            break
+    with sigterm_ignored():
+        for proc in live:
+            try:
+                os.kill(proc.pid, STOP_SIGNAL)
+            except ProcessLookupError:
+                pass
+        for proc in live:
+            left = timeout - (time.monotonic() - began)
+            if left <= 0:
+                break
+            try:
+                proc.wait(left)
+            except subprocess.TimeoutExpired:  # ft_launcher's own shutdown follows
+                break
     return max(0.0, timeout - (time.monotonic() - began))
 
 
 def install(options: ShimOptions) -> None:
     """Patch ft_launcher's agent in this process (before `launcher.main()` runs)."""
     from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher
-    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     reset_aborted_rank_monitors()
@@ -188,13 +295,21 @@ def install(options: ShimOptions) -> None:
     def _shutdown(self: Any, death_sig: signal.Signals = signal.SIGTERM,
                   timeout: int = 30) -> None:
         # Called inside ft_launcher's `except SignalException` when the launcher itself got a
-        # signal (the pod is ending); without one when it stops workers to restart them.
-        if isinstance(sys.exception(), SignalException) and self._pcontext is not None:
+        # signal (the pod is ending), from `run`'s `finally` when it failed otherwise (a lost
+        # store: no signal), and without an exception when it stops workers to restart them.
+        ending = sys.exception()
+        if self._pcontext is not None and isinstance(ending, SignalException):
             left = ask_workers_to_stop(self._pcontext, float(timeout))
+            timeout = max(1, int(left))
+        elif self._pcontext is not None and lost_the_store(ending):
+            log.error("the launcher lost the rendezvous store (%s): its workers checkpoint "
+                      "their current step before they stop", ending)
+            left = ask_workers_to_stop(self._pcontext, float(self._term_timeout))
             timeout = max(1, int(left))
         original_shutdown(self, death_sig, timeout)
 
     agent._shutdown = _shutdown  # type: ignore[method-assign]
+    _install_peer_stop_refunds(agent)
     if options.exit_barrier_timeout is not None:
         original_init = agent.__init__
         timeout = options.exit_barrier_timeout
@@ -208,13 +323,27 @@ def install(options: ShimOptions) -> None:
     # Peers accept the stop only for a reason in this set (no_restart_reason()).
     ft_rendezvous_barrier.RDZV_NO_RESTART_REASONS = frozenset(  # type: ignore[attr-defined]
         {*ft_rendezvous_barrier.RDZV_NO_RESTART_REASONS, STOP_REASON})
-    if not options.non_retryable:
-        return
     original_monitor = agent._monitor_workers
 
     def _monitor_workers(self: Any, worker_group: Any) -> Any:
+        # Before ft_launcher looks (its poll SIGTERMs every running worker once one failed):
+        # the others are leaving a stop on their own (see "Letting the local workers finish").
+        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
+        if peer_stop_under_way([h.proc.poll() for h in handlers.values()]):
+            since = getattr(self, "_rtj_peer_stop_since", None)
+            if since is None:
+                since = self._rtj_peer_stop_since = time.monotonic()
+            if time.monotonic() - since < PEER_STOP_WAIT_SECONDS:
+                return RunResult(state=WorkerState.HEALTHY)
+        self._rtj_peer_stop_since = None
         result = original_monitor(self, worker_group)
         if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            return result
+        codes = [getattr(f, "exitcode", None) for f in (result.failures or {}).values()]
+        if result.state == WorkerState.FAILED and codes and all(
+                code == PEER_STOPPED_EXIT_CODE for code in codes):
+            mark_peer_stop_round(self)  # before the restart decision opens the round
+        if not options.non_retryable:
             return result
         failed = non_retryable_failures(result.failures, options.non_retryable)
         if not failed:
@@ -230,6 +359,33 @@ def install(options: ShimOptions) -> None:
             STOP_REASON, f"a worker exited with a non-retryable code ({message})")
 
     agent._monitor_workers = _monitor_workers  # type: ignore[method-assign]
+
+
+def _install_peer_stop_refunds(agent: Any) -> None:
+    """A restart into a round opened for a peer's stop spends nothing (see the docstring)."""
+    original_decision = agent._handle_restart_decision
+    original_invoke_run = agent._invoke_run
+
+    def _handle_restart_decision(self: Any, role: str, spec: Any, log_msg: str,
+                                 open_rendezvous: bool = False) -> bool:
+        if is_peer_stop_round(self, self._rdzv_handler.round()):
+            self._remaining_restarts += 1
+            log.warning("restarting the workers for a peer's stop (an eviction, not a fault): "
+                        "no restart spent, %d left", self._remaining_restarts - 1)
+        restarted: bool = original_decision(self, role, spec, log_msg, open_rendezvous)
+        return restarted
+
+    def _invoke_run(self: Any, role: str = "default") -> Any:
+        # `run` has just set the restarts left from the rounds done so far.
+        refunded = peer_stop_rounds_so_far(self)
+        if refunded:
+            self._remaining_restarts += refunded
+            log.info("%d round(s) so far were opened for a peer's stop: %d restarts left",
+                     refunded, self._remaining_restarts)
+        return original_invoke_run(self, role)
+
+    agent._handle_restart_decision = _handle_restart_decision
+    agent._invoke_run = _invoke_run
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,6 +25,14 @@ shutting down, exits 0 as well. A rank that stopped only because a peer was sign
 `PEER_STOPPED_EXIT_CODE`: its launcher is not shutting down, and restarts its workers (they
 rejoin the rendezvous with the replaced pod and resume from the checkpoint just committed).
 
+**Leaving promptly.** The termination message is written as soon as the checkpoint is committed,
+still inside NVRx's in-process wrapper, and a timer then ends the process with its exit code
+`EXIT_AFTER_STOP_SECONDS` later unless it has ended by itself (`exit_soon`). Leaving the wrapper
+can hang after a stop of only some pods: its termination barrier waits, with no time limit on the
+rank that hosts the wrapper's store (rank 0), for every rank of the world, and a peer that its
+launcher killed while it was stopping never arrives (seen on a drained pod 0: it stayed until the
+kubelet's SIGKILL at the end of the grace period). Everything worth keeping is on disk by then.
+
 Outside the step loop (building the model, loading a checkpoint, a warm spare waiting inside the
 in-process wrapper) there is nothing newer to save: the handler is installed only while the loop
 runs (`StopSignal.arm`), so the signal elsewhere ends the process at once (its default action).
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -51,6 +60,39 @@ the process as SIGTERM would)."""
 PEER_STOPPED_EXIT_CODE = 95
 """A worker that checkpointed and stopped because another rank was asked to stop (its own pod
 runs on): not 0, so that its ft_launcher restarts it into the next rendezvous round."""
+EXIT_AFTER_STOP_SECONDS = 10.0
+"""How long a worker that stopped (its checkpoint committed, its termination message written)
+may take to leave the in-process wrapper before it ends itself with its exit code."""
+
+
+def stop_exit_code(asked: bool) -> int:
+    """0 for a worker that was asked to stop, PEER_STOPPED_EXIT_CODE for one that stopped because
+    a peer was."""
+    return 0 if asked else PEER_STOPPED_EXIT_CODE
+
+
+def exit_now(code: int) -> None:
+    """End the process with `code` at once (output flushed first). The interpreter's own
+    shutdown after a stop can take seconds of the grace period and crash (SIGSEGV after
+    "deallocated BytesIO object has exported buffers", seen under ft_launcher), which the
+    launcher would count as a failed worker."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def exit_soon(code: int, *, after_seconds: float = EXIT_AFTER_STOP_SECONDS,
+              end: Callable[[int], None] = exit_now) -> threading.Timer:
+    """Arm a daemon timer that ends the process with `code` after `after_seconds` unless it
+    has ended by then (see "Leaving promptly" above); returns it, started."""
+    timer = threading.Timer(after_seconds, end, args=(code,))
+    timer.daemon = True
+    timer.name = "rtj-exit-after-stop"
+    timer.start()
+    return timer
 
 
 class StopSignal:

@@ -17,6 +17,8 @@ The format, one JSON object (`VERSION` 1; keys the reader does not know are igno
   rtj_trainer.stop);
 - `step`: the last step the worker completed;
 - `committedStep`, `committedTime`: the newest committed checkpoint (unix seconds), or null;
+- `checkpoint`: the directory of that checkpoint as the pod sees it, when the worker's own attempt
+  committed it (a stop always does), or null;
 - `reason`: a CamelCase word (`Completed`, `ConfigurationError`, `DataMismatch`,
   `WorldSizeChanged`, `NonRetryableExitCode`, ...), `message`: a sentence for a person;
 - `exitCode`: the worker's exit code (0, `FATAL_EXIT_CODE`, or the non-retryable code it exited
@@ -47,6 +49,7 @@ class TerminationMessage:
     step: int | None = None
     committed_step: int | None = None
     committed_time: float | None = None
+    checkpoint: str | None = None
     reason: str = ""
     message: str = ""
     exit_code: int = 0
@@ -58,6 +61,7 @@ class TerminationMessage:
             "step": self.step,
             "committedStep": self.committed_step,
             "committedTime": self.committed_time,
+            "checkpoint": self.checkpoint,
             "reason": self.reason,
             "message": self.message,
             "exitCode": self.exit_code,

@@ -36,6 +36,8 @@ class Finished:
     step: int
     committed_step: int | None
     committed_time: float | None
+    committed_dir: Path | None = None
+    """The directory of `committed_step`, when this attempt committed it."""
     stopped: bool = False
     """The loop stopped early, after committing the checkpoint of `step` (rtj_trainer.stop)."""
     everyone_stopped: bool = False
@@ -63,18 +65,18 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
             if step < cfg.train.steps and agreement.should_stop(step, trainer.steps_this_attempt):
                 everyone = trainer.stop(step, agreement)
                 clean = True
-                committed_step, committed_time = trainer.newest_commit()
+                committed_step, committed_time, committed_dir = trainer.newest_commit()
                 return Finished(summary=None, step=step, committed_step=committed_step,
-                                committed_time=committed_time, stopped=True,
-                                everyone_stopped=everyone)
+                                committed_time=committed_time, committed_dir=committed_dir,
+                                stopped=True, everyone_stopped=everyone)
         loop_seconds = time.perf_counter() - loop_began
         trainer.finish()
         clean = True
-        committed_step, committed_time = trainer.newest_commit()
+        committed_step, committed_time, committed_dir = trainer.newest_commit()
         return Finished(
             summary=trainer.summary(loop_seconds) if trainer.rank == 0 else None,
             step=trainer.current_step, committed_step=committed_step,
-            committed_time=committed_time,
+            committed_time=committed_time, committed_dir=committed_dir,
         )
     except BaseException:
         STOP.disarm()  # an in-process restart or a dying worker has nothing newer to save

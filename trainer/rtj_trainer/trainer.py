@@ -325,14 +325,14 @@ class Trainer:
             "attempt_checkpoint_stall_seconds_max": round(self.stall_seconds_max, 4),
         }
 
-    def newest_commit(self) -> tuple[int | None, float | None]:
-        """The step and commit time of the newest checkpoint committed at this world size: the
-        checkpointer's count (rank 0's resume plan, then the commits this attempt noticed), so
-        no rank reads a manifest at the end."""
+    def newest_commit(self) -> tuple[int | None, float | None, Path | None]:
+        """The step, commit time and (when this attempt committed it) directory of the newest
+        checkpoint committed at this world size: the checkpointer's count (rank 0's resume plan,
+        then the commits this attempt noticed), so no rank reads a manifest at the end."""
         stats = self.checkpointer.stats
         if stats.committed_step < 0:
-            return None, None
-        return stats.committed_step, stats.committed_at
+            return None, None, None
+        return stats.committed_step, stats.committed_at, stats.committed_dir
 
     def close(self, *, clean: bool) -> None:
         """Stop the checkpoint writer (abandoning its work unless `clean`) and free the device."""

@@ -108,6 +108,10 @@ class IncidentCause(StrEnum):
     heartbeats stopped: the pod is force-deleted and replaced elsewhere."""
     POD_START_TIMEOUT = "PodStartTimeout"
     """The pod was still Pending podStartTimeoutSeconds after it was created."""
+    POD_EVICTED = "PodEvicted"
+    """A voluntary disruption, not a fault: the pod was evicted through the eviction API (a
+    node drain) or preempted by the scheduler (its `DisruptionTarget` condition says which);
+    its trainers committed a checkpoint of their current step before they exited."""
 
 
 class RecoveryAction(StrEnum):
@@ -124,6 +128,24 @@ class RecoveryAction(StrEnum):
     spare. Spends no budget."""
     SPARE_REPLACE = "SpareReplace"
     """A spare pod was lost and is replaced. Spends no budget."""
+    RESCHEDULE = "Reschedule"
+    """An evicted pod (`PodEvicted`) is created again once its name is free, on another node
+    (the drained one is cordoned); with the rendezvous pod, every pod is. Spends no budget."""
+
+
+class StopReason(StrEnum):
+    """status.lastStop.reason: why the trainers were asked to checkpoint, then stop."""
+
+    SUSPENDED = "Suspended"
+    """`spec.suspend: true`."""
+    PREEMPTED = "Preempted"
+    """`spec.suspend: true` with the stop-reason annotation `Preempted` (a queueing system such
+    as Kueue took the job's quota back), or a pod preempted by the scheduler."""
+    EVICTED = "Evicted"
+    """A pod of the job was evicted (a node drain, a descheduler); its replacement resumes."""
+    DELETED = "Deleted"
+    """The job was deleted; a job of the same name and namespace resumes from the checkpoint
+    while the checkpoint volume is kept (a static claim, or `claimDeletePolicy: Retain`)."""
 
 
 class Reason(StrEnum):
@@ -192,6 +214,9 @@ IncidentCauseField = Annotated[
 RecoveryActionField = Annotated[
     RecoveryAction, Field(strict=False), WithJsonSchema({"type": "string", "maxLength": 64})
 ]
+StopReasonField = Annotated[
+    StopReason, Field(strict=False), WithJsonSchema({"type": "string", "maxLength": 64})
+]
 
 
 # --- the status -----------------------------------------------------------------------------
@@ -237,6 +262,27 @@ class LastCheckpoint(ApiModel):
 
     step: int = Field(description="Optimizer step of the checkpoint.", ge=0)
     time: Timestamp | None = Field(default=None, description="When it was committed.")
+
+
+class LastStop(ApiModel):
+    """The last time the job's trainers were asked to stop and committed a checkpoint of the
+    step they were at first (docs/operator.md, "Checkpoint now, then stop")."""
+
+    reason: StopReasonField = Field(description=f"Why: {_words(StopReason)}.")
+    step: int = Field(
+        description="The step the trainers stopped at; its checkpoint is committed and the next "
+        "start resumes from it.",
+        ge=0,
+    )
+    checkpoint: str | None = Field(
+        default=None,
+        description="The committed checkpoint's directory, as the trainer pods see it.",
+        max_length=1024,
+    )
+    time: Timestamp | None = Field(default=None, description="When it was committed.")
+    message: str | None = Field(
+        default=None, description="What was stopped, for humans.", max_length=1024
+    )
 
 
 class RestartCounts(ApiModel):
@@ -397,6 +443,11 @@ class ResilientTrainingJobStatus(ApiModel):
     step: int | None = Field(default=None, description="Last step completed by every rank.", ge=0)
     last_checkpoint: LastCheckpoint | None = Field(
         default=None, description="The newest committed checkpoint."
+    )
+    last_stop: LastStop | None = Field(
+        default=None,
+        description="The last checkpoint the trainers committed because they were asked to stop "
+        "(a suspend, a preemption, an eviction, the job's deletion).",
     )
     restarts: RestartCounts | None = Field(default=None, description="Restarts by kind.")
     progress_clock: ProgressClock | None = Field(

@@ -18,8 +18,9 @@ from rtj_operator.api.status import (
     RankState,
     Reason,
     ResilientTrainingJobStatus,
+    StopReason,
 )
-from rtj_operator.decisions import recovery, status
+from rtj_operator.decisions import recovery, status, stops
 from rtj_operator.decisions.state import Decision, _Pass, from_unix, whole_second
 from rtj_operator.intents import DeleteJob, DeletePod, SetClaimOwner
 from rtj_operator.launcher import TRAINER_FATAL_EXIT_CODE
@@ -84,28 +85,11 @@ def ensure_services_and_claim(p: _Pass) -> None:
 # --- rule 3: suspend ----------------------------------------------------------------------------
 
 
-def _stop_checkpoint(p: _Pass) -> LastCheckpoint | None:
-    """The checkpoint the trainers committed when they were asked to stop (their termination
-    messages say `Stopped`, rtj_trainer.stop): the newest one any pod reports."""
-    said = [pod.outcome for pod in p.observed.trainer_pods.values()
-            if pod.outcome is not None and pod.outcome.stopped
-            and pod.outcome.committed_step is not None]
-    if not said:
-        return None
-    newest = max(said, key=lambda o: o.committed_step or 0)
-    assert newest.committed_step is not None
-    return LastCheckpoint(
-        step=newest.committed_step,
-        time=(whole_second(from_unix(newest.committed_time))
-              if newest.committed_time is not None else None),
-    )
-
-
 def suspended(p: _Pass) -> Decision:
     """Delete every pod with its own grace period: the trainers commit a checkpoint of the step
     they are at before they exit (rtj_trainer.stop); a pod that said so in its termination
-    message moves status.lastCheckpoint to that step, with a `CheckpointedBeforeSuspend`
-    Event."""
+    message is recorded in status.lastStop (reason `Suspended`, or `Preempted` from the
+    stop-reason annotation: `stops.record_stop`) and named in the `Suspended` condition."""
     pods = [*p.observed.trainer_pods.values()]
     if p.observed.rendezvous_pod is not None:
         pods.append(p.observed.rendezvous_pod)
@@ -119,30 +103,23 @@ def suspended(p: _Pass) -> Decision:
     gone = not pods
     message = ("every pod is deleted; the checkpoints are kept" if gone
                else "deleting the pods; the checkpoints are kept")
+    reason, _ = stops.suspend_reason(p.job.metadata.annotations)
     if p.prev.state not in (JobState.SUSPENDED, JobState.QUEUED):
-        p.event("Normal", Reason.SUSPENDED, f"Suspended: {message}")
-    stop = _stop_checkpoint(p)
+        why = " (preempted)" if reason == StopReason.PREEMPTED else ""
+        p.event("Normal", Reason.SUSPENDED, f"Suspended{why}: {message}")
+    said = [seen.committed_step for seen in stops.stopped_pods(p)
+            if seen.committed_step is not None]
     known = p.prev.last_checkpoint
-    if stop is not None and (known is None or stop.step >= known.step):
-        said = f"the trainers checkpointed step {stop.step} before stopping"
-        before = next((c.message for c in p.prev.conditions
-                       if c.type == ConditionType.SUSPENDED), "")
-        if said not in before:
-            p.event("Normal", "CheckpointedBeforeSuspend",
-                    f"Checkpointed at step {stop.step} before the suspend")
-        message = f"{message}; {said}"
+    if said and (known is None or max(said) >= known.step):
+        message = f"{message}; the trainers checkpointed step {max(said)} before stopping"
     written = status.build(
         p, state=JobState.SUSPENDED, reason=Reason.SUSPENDED,
         message=f"The job is suspended: {message}",
         conditions={ConditionType.SUSPENDED: True}, start_time=None, ready_nodes=0,
     )
-    update: dict[str, Any] = {"start_time": None}
-    if stop is not None and (written.last_checkpoint is None
-                             or stop.step >= written.last_checkpoint.step):
-        update["last_checkpoint"] = stop
     # Like a Job, the deadline clock stops while suspended: startTime is set again on resume.
     # Set to None on purpose, so the status patch removes it from the object.
-    return status.decision(p, written.model_copy(update=update))
+    return status.decision(p, written.model_copy(update={"start_time": None}))
 
 
 # --- rules 4 and 5: deadline and exit codes that must not be retried ----------------------------
@@ -180,6 +157,8 @@ def non_retryable_exit(p: _Pass, start_time: datetime) -> Decision | None:
         )
     permanent = {NO_RESTART_EXIT_CODE, TRAINER_FATAL_EXIT_CODE, *codes}
     for index, pod in sorted(p.observed.trainer_pods.items()):
+        if pod.outcome is not None and pod.outcome.stopped:
+            continue  # its trainers checkpointed and stopped on purpose (a lost store: exit 1)
         if pod.phase == "Failed" and pod.exit_code in permanent:
             return recovery.fail(
                 p, Reason.NON_RETRYABLE,

@@ -451,14 +451,18 @@ def find_faults(p: _Pass) -> list[DetectedFault]:
             if state == RankState.PENDING and refused_before:
                 continue  # its create was refused (AdmissionRefused): created again, no fault
             if state in (RankState.STARTING, RankState.RUNNING, RankState.PENDING,
-                         RankState.STANDBY, RankState.UNRESPONSIVE):
-                faults.append(DetectedFault(IncidentCause.POD_VANISHED, index, p.now,
-                                    f"pod {naming.trainer_pod_name(p.job.name, index)} is gone"))
+                     RankState.STANDBY, RankState.UNRESPONSIVE):
+                gone_evicted = _evicted_before_seen(p, index)
+                faults.append(_eviction(p, index, gone_evicted) if gone_evicted is not None else
+                              DetectedFault(IncidentCause.POD_VANISHED, index, p.now,
+                                            f"pod {naming.trainer_pod_name(p.job.name, index)} "
+                                            "is gone"))
             continue
         if pod.deleting:
             if state not in (RankState.RESTARTING, RankState.SUSPENDED, None):
-                faults.append(DetectedFault(IncidentCause.POD_DELETED, index, p.now,
-                                    f"pod {pod.name} was deleted by someone else"))
+                faults.append(_eviction(p, index, pod) if pod.voluntarily_disrupted else
+                              DetectedFault(IncidentCause.POD_DELETED, index, p.now,
+                                            f"pod {pod.name} was deleted by someone else"))
             continue
         if pod.phase == "Failed":
             why = f"exit code {pod.exit_code}" if pod.exit_code is not None else (
@@ -468,6 +472,10 @@ def find_faults(p: _Pass) -> list[DetectedFault]:
     rendezvous = p.observed.rendezvous_pod
     live_trainers = [pod for pod in pods.values() if not pod.deleting]
     lost = rendezvous is not None and rendezvous.uid in p.lost
+    rendezvous_evicted = _rendezvous_eviction(p)
+    if live_trainers and rendezvous_evicted is not None:
+        # Every pod starts again: the other faults of this pass need nothing more.
+        return [rendezvous_evicted]
     if live_trainers and (
         rendezvous is None or rendezvous.deleting or rendezvous.terminated or lost
     ):
@@ -488,6 +496,69 @@ def find_faults(p: _Pass) -> list[DetectedFault]:
     if not faults:
         faults.extend(_liveness_faults(p))
     return faults
+
+
+def _eviction(p: _Pass, index: int, pod: PodView) -> DetectedFault:
+    """A trainer pod a voluntary disruption ends (a drain's eviction, the scheduler's
+    preemption): not a fault of the pod or its node."""
+    where = f" from node {pod.node_name}" if pod.node_name else ""
+    how = "preempted" if pod.disruption == "PreemptionByScheduler" else "evicted"
+    return DetectedFault(
+        IncidentCause.POD_EVICTED, index, p.now,
+        f"pod {pod.name} was {how}{where} ({pod.disruption}): its trainers commit a checkpoint "
+        "of the current step before they stop",
+    )
+
+
+def _evicted_before_seen(p: _Pass, index: int) -> PodView | None:
+    """The pod of `index` the pod watch saw evicted, when it went away before a pass saw it
+    deleting: the same attempt the status shows, so an older eviction never counts."""
+    previous = p.prev_ranks.get(index)
+    if previous is None or previous.attempt is None:
+        return None
+    for seen in reversed(p.observed.stops):
+        pod = seen.pod
+        if (pod.role == naming.ROLE_TRAINER and pod.node_index == index
+                and pod.attempt == previous.attempt and pod.voluntarily_disrupted):
+            return pod
+    return None
+
+
+RENDEZVOUS_EVICTION_SEEN_SECONDS = 120
+"""How recent an eviction of the rendezvous pod the pod watch saw must be to explain that the
+rendezvous pod is gone (its pods carry no attempt to match, unlike trainer pods)."""
+
+
+def _rendezvous_eviction(p: _Pass) -> DetectedFault | None:
+    """The rendezvous pod was evicted (Terminating with a voluntary `DisruptionTarget`, or gone
+    while the pod watch saw it evicted recently) and this is not being recovered from yet:
+    every pod is replaced, without spending a budget."""
+    rendezvous = p.observed.rendezvous_pod
+    evicted: PodView | None = None
+    if rendezvous is not None and rendezvous.deleting and rendezvous.voluntarily_disrupted:
+        evicted = rendezvous
+    elif rendezvous is None:
+        since = p.now - timedelta(seconds=RENDEZVOUS_EVICTION_SEEN_SECONDS)
+        recent = [seen for seen in p.observed.stops
+                  if seen.pod.role == naming.ROLE_RENDEZVOUS and seen.pod.voluntarily_disrupted
+                  and seen.seen_at >= since]
+        if recent and not any(i.cause == IncidentCause.POD_EVICTED and i.node_index is None
+                              and i.acted_time is not None
+                              and i.acted_time >= recent[-1].seen_at for i in p.incidents):
+            evicted = recent[-1].pod
+    if evicted is None:
+        return None
+    if any(i.cause == IncidentCause.POD_EVICTED and i.node_index is None
+           and i.recovered_time is None for i in p.incidents):
+        return None  # already being recovered from
+    where = f" from node {evicted.node_name}" if evicted.node_name else ""
+    return DetectedFault(
+        IncidentCause.POD_EVICTED, None, p.now,
+        f"rendezvous pod {evicted.name} was evicted{where} ({evicted.disruption}): every "
+        "launcher lost the store and its trainers commit a checkpoint of the current step; every "
+        "pod starts again",
+        whole_job=True,
+    )
 
 
 def _liveness_faults(p: _Pass) -> list[DetectedFault]:

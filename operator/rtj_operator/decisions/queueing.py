@@ -191,7 +191,7 @@ def _evicted(job: ResilientTrainingJob, workload: WorkloadView, *, pods_left: bo
     actions: list[Action] = []
     events: list[PostEvent] = []
     if not job.spec.suspend:
-        actions.append(PatchJob(workloads.SUSPEND_PATCH))
+        actions.append(PatchJob(workloads.eviction_patch(evicted.reason)))
         events.append(PostEvent("Warning", Reason.EVICTED,
                                 f"{said}: suspending the job; its trainers checkpoint before "
                                 "they stop"))

@@ -1,5 +1,12 @@
 """Recovery from the faults of rule 7, and failing the job (rules 4, 5 and 7).
 
+An eviction (`PodEvicted`: a drain, a preemption by the scheduler) is no fault and spends no
+budget: the evicted pod's trainers, and through their stop agreement every other rank, committed
+a checkpoint of the current step; the pod is created again once its name is free
+(`Reschedule`), and the other launchers restart their workers into the next round with it. When
+no trainer pod would be left to open that round (every one was evicted), or the rendezvous pod
+itself was evicted, every pod is replaced, each trainer pod with its own grace period.
+
 Warm spares first, at no budget: a lost pod whose ranks a warm spare can take over
 (`SpareTakeover`) gets a replacement that waits as a spare, and a lost spare is replaced
 (`SpareReplace`). Then the cheapest fix that the budgets allow: `RankRestart` replaces only
@@ -53,6 +60,7 @@ def _spares_first(p: _Pass, faults: list[DetectedFault]) -> list[DetectedFault]:
             replace_spare(p, fault)
         else:
             left.append(fault)
+    left = _evictions_first(p, left)
     if (not left or p.spec.fault_tolerance.restart_strategy == "FullRestart"
             or any(f.whole_job or f.cause not in LOST or f.node_index is None for f in left)
             or len(left) > len(p.warm_spares())):
@@ -60,6 +68,57 @@ def _spares_first(p: _Pass, faults: list[DetectedFault]) -> list[DetectedFault]:
     for fault, spare in zip(left, p.warm_spares(), strict=False):
         spare_takeover(p, fault, spare)
     return []
+
+
+def _evictions_first(p: _Pass, faults: list[DetectedFault]) -> list[DetectedFault]:
+    """Reschedule what was evicted, at no budget; return the faults left for the ladder."""
+    evicted = [f for f in faults if f.cause == IncidentCause.POD_EVICTED]
+    if not evicted:
+        return faults
+    if any(f.node_index is None for f in evicted):
+        reschedule_everything(p, next(f for f in evicted if f.node_index is None))
+        return []  # every pod starts again: nothing else to do for the others
+    gone = {f.node_index for f in evicted}
+    survivors = [i for i in p.active() if i not in gone and (pod := p.observed.trainer_pods.get(i))
+                 is not None and not pod.deleting and not pod.terminated]
+    for fault in evicted:
+        reschedule(p, fault)
+    if not survivors and p.observed.rendezvous_pod is not None:
+        # No launcher is left to open the next round for the new pods: start the rendezvous
+        # afresh too (it is created again once no trainer pod is terminating).
+        p.delete_pod(p.observed.rendezvous_pod,
+                     "every trainer pod was evicted: the rendezvous starts again with the new "
+                     "pods")
+    return [f for f in faults if f.cause != IncidentCause.POD_EVICTED]
+
+
+def reschedule(p: _Pass, fault: DetectedFault) -> None:
+    """An evicted trainer pod is created again once its name is free (rule 8), elsewhere: the
+    drained node is cordoned. No budget; the pod is already going (the eviction deleted it)."""
+    assert fault.node_index is not None
+    index = fault.node_index
+    p.add_incident(fault, RecoveryAction.RESCHEDULE)
+    p.rank(index, state=RankState.RESTARTING)
+    p.event("Normal", RecoveryAction.RESCHEDULE,
+            f"Rescheduling the pod of node {index} (no budget spent): {fault.message}")
+
+
+def reschedule_everything(p: _Pass, fault: DetectedFault) -> None:
+    """The rendezvous pod was evicted: every launcher lost the store and stops its workers with a
+    checkpoint of the current step (rtj_trainer.ftlaunch). Delete every trainer pod with its own
+    grace period (the stop checkpoint must finish) and start everything again once they are
+    gone, like a full restart but without spending a budget."""
+    p.add_incident(fault, RecoveryAction.RESCHEDULE)
+    p.event("Normal", RecoveryAction.RESCHEDULE,
+            f"Restarting every pod (no budget spent): {fault.message}")
+    p.waiting.clear()  # every launcher starts again and joins the first round
+    for index in range(p.pods):
+        p.rank(index, state=RankState.RESTARTING)
+        pod = p.observed.trainer_pods.get(index)
+        if pod is not None:
+            p.delete_pod(pod, "the rendezvous pod was evicted: every pod starts again")
+    if p.observed.rendezvous_pod is not None:
+        p.delete_pod(p.observed.rendezvous_pod, "it was evicted")
 
 
 def recover(p: _Pass, faults: list[DetectedFault], start_time: datetime) -> Decision | None:

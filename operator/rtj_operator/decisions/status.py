@@ -30,6 +30,7 @@ from rtj_operator.api.status import (
     RestartRecords,
     SpareStatus,
 )
+from rtj_operator.decisions import stops
 from rtj_operator.decisions.liveness import degraded_observation
 from rtj_operator.decisions.state import (
     Decision,
@@ -42,7 +43,8 @@ from rtj_operator.decisions.state import (
 from rtj_operator.intents import CreateObject, CreateRefused, PostEvent
 
 OPERATOR_ACTIONS = (RecoveryAction.RANK_RESTART, RecoveryAction.FULL_RESTART,
-                    RecoveryAction.SPARE_TAKEOVER, RecoveryAction.SPARE_REPLACE)
+                    RecoveryAction.SPARE_TAKEOVER, RecoveryAction.SPARE_REPLACE,
+                    RecoveryAction.RESCHEDULE)
 """Recoveries the operator runs itself; it times them from detection to recovery. Restarts
 inside the pods (ft_launcher, in-process) are only seen afterwards, in the trainers' counters."""
 
@@ -323,6 +325,8 @@ def build(
         )
     if p.excluded or p.prev.excluded_nodes is not None:
         fields["excluded_nodes"] = p.excluded
+    if p.prev.last_stop is not None:
+        fields["last_stop"] = p.prev.last_stop  # `stops.record_stop` moves it on
     if start_time is not None:
         fields["start_time"] = whole_second(start_time)
     completion = completion_time or p.prev.completion_time
@@ -342,6 +346,9 @@ def _rank_counts(p: _Pass) -> dict[str, int]:
 
 
 def decision(p: _Pass, status: ResilientTrainingJobStatus) -> Decision:
+    """The pass's decision with its final status: every rule ends here, so a stop the trainers
+    committed is recorded whichever rule decided (`stops.record_stop`)."""
+    status = stops.record_stop(p, status)
     memory = Memory(status=status, progress_step=p.progress_step,
                     progress_since=p.progress_since, unobserved_since=dict(p.unobserved_since))
     return Decision(actions=p.actions, events=p.events, status=status, incidents=p.opened,

@@ -106,6 +106,9 @@ class CheckpointStats:
     last_write_seconds: float = 0.0
     committed_step: int = -1
     committed_at: float = 0.0
+    committed_dir: Path | None = None
+    """The directory of `committed_step` when this attempt committed it (None for a checkpoint
+    an earlier attempt committed)."""
     commits_this_attempt: int = 0
     abandoned: int = 0
     """Checkpoints given up because a rank's shard write failed (later ones still commit)."""
@@ -306,7 +309,8 @@ class Checkpointer:
             if outcome.manifest is None:
                 self._abandoned(pending, list(outcome.errors))
                 continue
-            self._note_commit(outcome.manifest.step, outcome.manifest.committed_at)
+            self._note_commit(outcome.manifest.step, outcome.manifest.committed_at,
+                              pending.directory)
             if self.on_commit is not None:
                 self.on_commit(outcome.manifest)
 
@@ -319,7 +323,7 @@ class Checkpointer:
                 break
             committed, committed_at = resolved
             if committed:
-                self._note_commit(pending.step, committed_at)
+                self._note_commit(pending.step, committed_at, pending.directory)
             else:
                 self._abandoned(pending, ["rank 0 gave this checkpoint up"])
             self.stats.last_write_seconds = time.time() - pending.started_at
@@ -330,9 +334,10 @@ class Checkpointer:
         log.warning("checkpoint of step %d will not be committed (a shard write failed: %s); "
                     "later checkpoints still commit", pending.step, "; ".join(errors))
 
-    def _note_commit(self, step: int, committed_at: float) -> None:
+    def _note_commit(self, step: int, committed_at: float, directory: Path) -> None:
         self.stats.committed_step = step
         self.stats.committed_at = committed_at
+        self.stats.committed_dir = directory
         self.stats.commits_this_attempt += 1
         self.stats.newly_committed.append(step)
 
