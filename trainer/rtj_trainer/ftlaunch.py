@@ -38,8 +38,10 @@ one per rank.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,7 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import podmetrics, termination
+from . import podmetrics, termination, warmpool, warmwire
 from .stop import PEER_STOPPED_EXIT_CODE, STOP_SIGNAL
 
 STOP_REASON = "trainer_non_retryable_exit"
@@ -232,9 +234,30 @@ def install(options: ShimOptions) -> None:
     agent._monitor_workers = _monitor_workers  # type: ignore[method-assign]
 
 
+def start_warm_workers(launcher_args: list[str]) -> list[str]:
+    """With `RTJ_WARM_WORKERS=1`: start the pool of warm workers (rtj_trainer.warmpool) and
+    return ft_launcher's arguments with the worker command turned into the attach client; else
+    (or when the worker command is not `<python> -m rtj_trainer`) the arguments unchanged."""
+    if not warmpool.switched_on(os.environ):
+        return launcher_args
+    rewritten = warmwire.attach_argv(launcher_args)
+    if rewritten is None:
+        log.warning("%s=1 but the worker command is not `<python> -m %s`: no warm workers",
+                    warmwire.SWITCH_ENV, warmwire.WORKER_MODULE)
+        return launcher_args
+    args, python = rewritten
+    pool = warmpool.WarmPool(shutil.which(python) or python, warmpool.pool_size(launcher_args))
+    os.environ[warmwire.POOL_DIR_ENV] = pool.directory  # torchelastic passes it to the workers
+    atexit.register(pool.close)
+    pool.start()
+    log.warning("warm workers: a pool of %d in %s", pool.size, pool.directory)
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     options, rest = split_argv(sys.argv[1:] if argv is None else argv)
     podmetrics.start_from_environment(os.environ, rest)
+    rest = start_warm_workers(rest)  # first: their imports overlap the launcher's own
     install(options)
     from nvidia_resiliency_ext.fault_tolerance import launcher
 
