@@ -2,7 +2,8 @@
 warm workers are on (rtj_trainer.ftlaunch, `RTJ_WARM_WORKERS=1`). It hands this worker over to a
 warm process of the launcher's pool (rtj_trainer.warmworker: torch, torch.distributed, NVRx and
 the trainer already imported) and stands in for it until it ends; with no warm process ready it
-becomes `python -m rtj_trainer <trainer arguments>` at once (exec), never waiting.
+becomes `python -m rtj_trainer <trainer arguments>` at once (exec). A warm process still
+importing is waited for (rtj_trainer.warmwire says why that is never slower).
 
 Standard library only (an import-linter contract keeps torch, NVRx and pydantic off its import
 path): the whole point is that this process starts in tens of milliseconds.
@@ -32,8 +33,10 @@ from typing import Any
 
 from . import warmwire
 
-CONNECT_TIMEOUT_SECONDS = 2.0
-"""How long one ready warm worker may take to answer (it is idle in accept(): milliseconds)."""
+ANSWER_TIMEOUT_SECONDS = 60.0
+"""How long to wait for a warm worker's answer: milliseconds when it is idle, the rest of its
+imports when it is still starting; past this (a stuck warm worker) the client tries the next one
+and then the normal path."""
 
 
 def run_normally(args: Sequence[str]) -> None:
@@ -54,15 +57,20 @@ def _answer(sock: socket.socket, decoder: warmwire.Decoder) -> dict[str, Any] | 
             return messages[0]
 
 
+def _local_rank() -> int:
+    value = os.environ.get("LOCAL_RANK", "0")
+    return int(value) if value.isdigit() else 0
+
+
 def claim(pool_dir: str, request: warmwire.Request,
           ) -> tuple[socket.socket, int, warmwire.Decoder] | None:
     """Hand the request to the first ready warm worker that takes it: (socket, its pid, the
     decoder holding what came after the answer); None if none did."""
     payload = request.encode()
-    for path in warmwire.ready_sockets(pool_dir):
+    for path in warmwire.warm_sockets(pool_dir, _local_rank()):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(CONNECT_TIMEOUT_SECONDS)
+            sock.settimeout(ANSWER_TIMEOUT_SECONDS)
             sock.connect(path)
             socket.send_fds(sock, [payload], [0, 1, 2])
             decoder = warmwire.Decoder()
@@ -115,7 +123,8 @@ def end_as(result: warmwire.Ending) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     if result.signal is not None:
-        signal.signal(result.signal, signal.SIG_DFL)
+        if result.signal != signal.SIGKILL:  # SIGKILL's action cannot be set (nor blocked)
+            signal.signal(result.signal, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [result.signal])
         os.kill(os.getpid(), result.signal)
         signal.pause()

@@ -5,9 +5,13 @@ client's exit. Standard library only and free of side effects: the attach client
 its import must stay in the tens of milliseconds (no torch anywhere on the path).
 
 **The pool directory** (`POOL_DIR_ENV`, a private directory of mode 0700 made by the shim). A
-warm worker that finished its imports listens on `ready-<pid>.sock` there; the first client that
-connects and sends a request gets it (the warm worker then unlinks the file and closes its
-listener, so others are refused and try the next one).
+warm worker listens on `warm-<pid>.sock` there from its start, before its imports; it accepts
+once they are done, and the first client it accepts gets it (it then unlinks the file and closes
+its listener, so the other clients waiting on it are refused and try the next one). A client
+tries the warm workers in a rotation that starts at its local rank, so that local ranks started
+together usually wait on different ones. A client that comes while the imports are still running
+waits for them: they started before the client did, so they end sooner than the client's own
+imports would (on a cold start the launcher starts the pool before it imports torch itself).
 
 **Messages** are JSON objects, each framed by its length (4 bytes, big-endian). The client sends
 one request (`Request`, with its stdin, stdout and stderr attached as SCM_RIGHTS) and then nothing
@@ -30,7 +34,7 @@ POOL_DIR_ENV = "RTJ_WARM_POOL_DIR"
 """Set by the launcher shim for its workers: where the warm workers listen."""
 SWITCH_ENV = "RTJ_WARM_WORKERS"
 """`1` or `0`, read by the launcher shim: start workers from a pool of warm processes."""
-READY_PREFIX = "ready-"
+SOCKET_PREFIX = "warm-"
 SOCKET_SUFFIX = ".sock"
 WORKER_MODULE = "rtj_trainer"
 ATTACH_MODULE = "rtj_trainer.attach"
@@ -178,22 +182,27 @@ def ending(exit_message: Mapping[str, Any] | None, forwarded: int | None) -> End
     return Ending(signal=int(signal.SIGKILL))
 
 
-def ready_sockets(pool_dir: str) -> list[str]:
-    """Paths of the warm workers listening now, oldest pid first."""
+def warm_sockets(pool_dir: str, local_rank: int = 0) -> list[str]:
+    """Paths of the warm workers listening now, in pid order rotated to start at `local_rank`
+    (modulo their number)."""
     try:
         names = os.listdir(pool_dir)
     except OSError:
         return []
-    ready = [n for n in names if n.startswith(READY_PREFIX) and n.endswith(SOCKET_SUFFIX)]
-    return [os.path.join(pool_dir, n) for n in sorted(ready, key=_pid_of)]
+    found = sorted((n for n in names if n.startswith(SOCKET_PREFIX) and n.endswith(SOCKET_SUFFIX)),
+                   key=_pid_of)
+    if not found:
+        return []
+    start = local_rank % len(found)
+    return [os.path.join(pool_dir, n) for n in found[start:] + found[:start]]
 
 
 def _pid_of(name: str) -> int:
     try:
-        return int(name[len(READY_PREFIX):-len(SOCKET_SUFFIX)])
+        return int(name[len(SOCKET_PREFIX):-len(SOCKET_SUFFIX)])
     except ValueError:
         return 0
 
 
-def ready_socket_path(pool_dir: str, pid: int) -> str:
-    return os.path.join(pool_dir, f"{READY_PREFIX}{pid}{SOCKET_SUFFIX}")
+def warm_socket_path(pool_dir: str, pid: int) -> str:
+    return os.path.join(pool_dir, f"{SOCKET_PREFIX}{pid}{SOCKET_SUFFIX}")

@@ -1,10 +1,11 @@
 """`python -m rtj_trainer.warmworker --status-fd N`: a warm worker of the launcher shim's pool
 (rtj_trainer.warmpool). It imports everything a trainer worker imports (torch, torch._dynamo,
 torch.distributed with FSDP and DCP, NVRx, the trainer's modules) without touching CUDA, listens
-on `ready-<pid>.sock` in the pool directory, and waits for one attach client
-(rtj_trainer.attach). Then it becomes that worker: it takes the client's stdin/stdout/stderr,
-environment, working directory and arguments, and runs `python -m rtj_trainer` in this process
-(`runpy`, exactly as the interpreter would), so the worker's own time starts after the imports.
+on `warm-<pid>.sock` in the pool directory (from before its imports: a client that comes early
+waits for them), and waits for one attach client (rtj_trainer.attach). Then it becomes that
+worker: it takes the client's stdin/stdout/stderr, environment, working directory and arguments,
+and runs `python -m rtj_trainer` in this process (`runpy`, exactly as the interpreter would), so
+the worker's own time starts after the imports.
 
 **What a warm worker cannot take from the client.** Variables read when the interpreter starts
 or torch is imported (warmwire.STARTUP_ENV_PREFIXES: PYTHON*, LD_*, TORCHDYNAMO_*, TORCH_LOGS,
@@ -67,10 +68,11 @@ def preimport() -> None:
 
 
 def listen(pool_dir: str) -> tuple[socket.socket, str]:
-    """Listen under a temporary name, then publish the socket as ready (an atomic rename), so a
-    client never finds a socket nobody accepts on."""
-    final = warmwire.ready_socket_path(pool_dir, os.getpid())
-    temporary = os.path.join(pool_dir, f".warming-{os.getpid()}{warmwire.SOCKET_SUFFIX}")
+    """Listen under a temporary name, then publish the socket (an atomic rename), so a client
+    never finds a socket nobody listens on. This happens before the imports: a client that
+    connects meanwhile waits for them to finish (they started before it did)."""
+    final = warmwire.warm_socket_path(pool_dir, os.getpid())
+    temporary = os.path.join(pool_dir, f".starting-{os.getpid()}{warmwire.SOCKET_SUFFIX}")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(temporary)
     listener.listen(8)
@@ -206,14 +208,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parser.parse_args(argv)
     pool_dir = os.environ[warmwire.POOL_DIR_ENV]
     _prctl_parent_death_signal(signal.SIGKILL)
+    listener, socket_path = listen(pool_dir)
     began = time.time()
     preimport()
     imported = time.time()
-    listener, ready_path = listen(pool_dir)
     os.write(options.status_fd, b"R")
     conn, _ = listener.accept()
     with contextlib.suppress(OSError):
-        os.unlink(ready_path)
+        os.unlink(socket_path)
     listener.close()
     with contextlib.suppress(OSError):
         os.write(options.status_fd, b"T")
