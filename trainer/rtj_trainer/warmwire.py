@@ -50,10 +50,13 @@ FORWARDED_TO_PROCESS = (signal.SIGUSR1, signal.SIGUSR2)
 checkpoint writer: rtj_trainer.stop); passed on to the warm worker's pid only."""
 
 STARTUP_ENV_PREFIXES = ("PYTHON", "LD_", "MALLOC_", "TORCHDYNAMO_", "TORCH_COMPILE",
-                        "TORCH_LOGS", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES")
+                        "TORCH_LOGS", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES",
+                        "CUDA_VISIBLE_DEVICES")
 """Variables read when the interpreter starts or torch is imported, i.e. before a warm worker
 learns the worker's environment. A worker whose values differ from the warm worker's is refused
-and runs the normal path. OMP_NUM_THREADS is applied at attach instead; TORCHINDUCTOR_* are read
+and runs the normal path. CUDA_VISIBLE_DEVICES is read when the CUDA driver starts, which no
+import does, but a launcher that gives each worker its own is refused too (a safe side: ours
+does not). OMP_NUM_THREADS is applied at attach instead; TORCHINDUCTOR_* are read
 by torch.compile's config at import, but the trainer compiles nothing (and torch itself sets
 TORCHINDUCTOR_CACHE_DIR in a process's environment at run time, so it always differs)."""
 
