@@ -30,6 +30,12 @@ for them to commit a checkpoint of their current step and exit (rtj_trainer.stop
 left then gets ft_launcher's own SIGTERM and SIGKILL. Stopping workers to restart them after a
 fault is unchanged (SIGTERM: they die at once).
 
+**Warm workers** (`RTJ_WARM_WORKERS=1`; the operator sets it from `faultTolerance.warmWorkers`).
+Before anything heavy is imported here, the shim starts a pool of pre-imported worker processes
+(rtj_trainer.warmpool) and turns the worker command `<python> -m rtj_trainer ...` into the attach
+client `<python> -m rtj_trainer.attach ...`, which hands each worker over to one of them
+(docs/trainer.md, "Warm workers"). ft_launcher still starts, signals and waits for the client.
+
 **The pod's liveness endpoint.** The shim also serves `GET /ranks` on
 RTJ_METRICS_HOST:(RTJ_METRICS_PORT - 1): every local rank's heartbeat, step and counters in one
 small JSON document (rtj_trainer.podmetrics), so the operator reads one endpoint per pod, not
