@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -261,17 +263,11 @@ def test_a_fatal_error_stops_ft_launcher_at_once_with_the_no_restart_code(tmp_pa
     assert message["reason"] == "ConfigurationError" and "data.path" in message["message"]
 
 
-def test_sigterm_commits_the_current_step_and_the_next_run_resumes_from_it(
-    tmp_path: Path, fault_free: dict[int, float]
-) -> None:
-    """What the harness kubelet does to a pod that is deleted (a suspend, a preemption, a
-    drain): SIGTERM to the launcher's process group (rank monitors included). The launcher shim
-    asks the workers to stop; they agree on a step, commit its checkpoint and exit 0 within the
-    launcher's --term-timeout (40 s here: room for a loaded machine). The next run resumes from
-    exactly that step, and it is a resume, not a restart."""
+def _run_and_stop(tmp_path: Path, env: dict[str, str]) -> tuple[str, int]:
+    """Start a run, SIGTERM the launcher's process group after step 8 and check that the workers
+    committed the step they stopped at and exited 0; the output and that step."""
     message_file = tmp_path / "termination-log"
-    env = {"RTJ_TERMINATION_MESSAGE_PATH": str(message_file),
-           "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "30", "RTJ_TERM_TIMEOUT_SECONDS": "40"}
+    env = {"RTJ_TERMINATION_MESSAGE_PATH": str(message_file), **env}
     proc = _start(tmp_path, extra_env=env)
     try:
         deadline = time.monotonic() + 180
@@ -290,7 +286,7 @@ def test_sigterm_commits_the_current_step_and_the_next_run_resumes_from_it(
             pass
     assert proc.returncode == 0, out[-6000:]
     message = json.loads(message_file.read_text())
-    stopped_at = _losses(tmp_path)[-1]["step"]
+    stopped_at: int = _losses(tmp_path)[-1]["step"]
     assert 8 <= stopped_at < STEPS
     assert message["outcome"] == "Stopped" and message["reason"] == "CheckpointedBeforeStop"
     assert message["step"] == message["committedStep"] == stopped_at, message
@@ -299,8 +295,22 @@ def test_sigterm_commits_the_current_step_and_the_next_run_resumes_from_it(
     commits = [json.loads(line)["step"]
                for line in (tmp_path / "commits.jsonl").read_text().splitlines()]
     assert commits[-1] == stopped_at
-
     message_file.unlink()
+    return out, stopped_at
+
+
+def test_sigterm_commits_the_current_step_and_the_next_run_resumes_from_it(
+    tmp_path: Path, fault_free: dict[int, float]
+) -> None:
+    """What the harness kubelet does to a pod that is deleted (a suspend, a preemption, a
+    drain): SIGTERM to the launcher's process group (rank monitors included). The launcher shim
+    asks the workers to stop; they agree on a step, commit its checkpoint and exit 0 within the
+    launcher's --term-timeout (40 s here: room for a loaded machine). The next run resumes from
+    exactly that step, and it is a resume, not a restart."""
+    message_file = tmp_path / "termination-log"
+    env = {"RTJ_TERMINATION_MESSAGE_PATH": str(message_file),
+           "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "30", "RTJ_TERM_TIMEOUT_SECONDS": "40"}
+    _, stopped_at = _run_and_stop(tmp_path, env)
     out = _run(tmp_path, extra_env=env)
     assert f"resumed from step-{stopped_at:09d}" in out
     losses = _losses(tmp_path)
@@ -311,3 +321,67 @@ def test_sigterm_commits_the_current_step_and_the_next_run_resumes_from_it(
     summary = _summary(out)
     assert summary["restarts"] == {"inprocess": 0, "launcher": 0, "pod": 0}  # a resume
     assert json.loads(message_file.read_text())["outcome"] == "Succeeded"
+
+
+WARM_WORKERS = {"RTJ_WARM_WORKERS": "1"}
+_ATTACHED = re.compile(r"\[rtj-warm\] worker pid (\d+) runs in warm process (\d+)")
+
+
+def _warm_workers_left(run_dir: Path, wait_seconds: float = 5.0) -> list[int]:
+    """Warm workers (rtj_trainer.warmworker) of this run still alive `wait_seconds` after the
+    launcher's exit (idle ones die with it: PR_SET_PDEATHSIG). They lead their own sessions, so
+    killing the launcher's process group would not end them."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        left = []
+        for process in psutil.process_iter(["pid", "cmdline", "status"]):
+            try:
+                if (process.info["status"] != psutil.STATUS_ZOMBIE
+                        and "rtj_trainer.warmworker" in (process.info["cmdline"] or [])
+                        and process.environ().get("RTJ_RUN_DIR") == str(run_dir)):
+                    left.append(process.info["pid"])
+            except psutil.Error:
+                continue
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def test_warm_workers_replace_a_killed_worker_and_the_losses_are_unchanged(
+    tmp_path: Path, fault_free: dict[int, float]
+) -> None:
+    """With RTJ_WARM_WORKERS=1 every worker runs in a warm process of the launcher's pool. Rank
+    1's warm process SIGKILLs itself at step 8 (as its rank monitor would kill it): ft_launcher
+    sees its worker die of SIGKILL, restarts the group, and the new workers attach to warm
+    processes the pool started after the first ones were taken. The job finishes with the
+    fault-free run's losses, and no warm process outlives the launcher."""
+    out = _run(tmp_path, faults="8:1:sigkill", extra_env=WARM_WORKERS)
+    summary = _summary(out)
+    assert summary["restarts"] == {"inprocess": 0, "launcher": 1, "pod": 0}
+    assert summary["last_committed_step"] == STEPS
+    assert "failed (exitcode: -9) local_rank: 1" in out
+    attached = _ATTACHED.findall(out)
+    assert len(attached) == 4, out[-6000:]  # both ranks, both attempts
+    warm_pids = {int(warm) for _, warm in attached}
+    assert len(warm_pids) == 4
+    losses = _losses(tmp_path)
+    assert {e["pid"] for e in losses} <= warm_pids  # rank 0's steps ran in warm processes
+    assert max(e["step"] for e in losses) == STEPS
+    _assert_same_losses(losses, fault_free)
+    assert _warm_workers_left(tmp_path) == []
+
+
+def test_warm_workers_checkpoint_and_stop_on_sigterm(
+    tmp_path: Path, fault_free: dict[int, float]
+) -> None:
+    """The shim's stop signal reaches the warm process through the attach client (SIGUSR2 to
+    the warm process only, not its checkpoint writer): the same checkpoint-then-stop as without
+    warm workers, and both the client and the launcher exit 0."""
+    env = {"RTJ_HEARTBEAT_TIMEOUT_SECONDS": "30", "RTJ_TERM_TIMEOUT_SECONDS": "40",
+           **WARM_WORKERS}
+    out, stopped_at = _run_and_stop(tmp_path, env)
+    assert len(_ATTACHED.findall(out)) == 2, out[-6000:]
+    losses = _losses(tmp_path)
+    assert [e["step"] for e in losses] == list(range(1, stopped_at + 1))
+    _assert_same_losses(losses, fault_free)
+    assert _warm_workers_left(tmp_path) == []

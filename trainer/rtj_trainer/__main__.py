@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import timeline
 
     started = timeline.process_start_time()
-    if started is not None:
+    if started is not None and "process_start" not in timeline.marks():  # a warm worker's is set
         timeline.mark("process_start", started)
     timeline.mark("main")
     args = parse_args(argv)

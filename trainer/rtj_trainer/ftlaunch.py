@@ -52,6 +52,12 @@ and a launcher starting later adds back the rounds marked so far, so every launc
 same count. Only a worker group that stopped entirely with 95 marks a round: a real failure
 among them spends the restart as before.
 
+**Warm workers** (`RTJ_WARM_WORKERS=1`; the operator sets it from `faultTolerance.warmWorkers`).
+Before anything heavy is imported here, the shim starts a pool of pre-imported worker processes
+(rtj_trainer.warmpool) and turns the worker command `<python> -m rtj_trainer ...` into the attach
+client `<python> -m rtj_trainer.attach ...`, which hands each worker over to one of them
+(docs/trainer.md, "Warm workers"). ft_launcher still starts, signals and waits for the client.
+
 **The pod's liveness endpoint.** The shim also serves `GET /ranks` on
 RTJ_METRICS_HOST:(RTJ_METRICS_PORT - 1): every local rank's heartbeat, step and counters in one
 small JSON document (rtj_trainer.podmetrics), so the operator reads one endpoint per pod, not
@@ -60,9 +66,11 @@ one per rank.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,7 +80,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import podmetrics, termination
+from . import podmetrics, termination, warmpool, warmwire
 from .stop import PEER_STOPPED_EXIT_CODE, STOP_SIGNAL
 
 PEER_STOP_WAIT_SECONDS = 30.0
@@ -388,9 +396,30 @@ def _install_peer_stop_refunds(agent: Any) -> None:
     agent._invoke_run = _invoke_run
 
 
+def start_warm_workers(launcher_args: list[str]) -> list[str]:
+    """With `RTJ_WARM_WORKERS=1`: start the pool of warm workers (rtj_trainer.warmpool) and
+    return ft_launcher's arguments with the worker command turned into the attach client; else
+    (or when the worker command is not `<python> -m rtj_trainer`) the arguments unchanged."""
+    if not warmpool.switched_on(os.environ):
+        return launcher_args
+    rewritten = warmwire.attach_argv(launcher_args)
+    if rewritten is None:
+        log.warning("%s=1 but the worker command is not `<python> -m %s`: no warm workers",
+                    warmwire.SWITCH_ENV, warmwire.WORKER_MODULE)
+        return launcher_args
+    args, python = rewritten
+    pool = warmpool.WarmPool(shutil.which(python) or python, warmpool.pool_size(launcher_args))
+    os.environ[warmwire.POOL_DIR_ENV] = pool.directory  # torchelastic passes it to the workers
+    atexit.register(pool.close)
+    pool.start()
+    log.warning("warm workers: a pool of %d in %s", pool.size, pool.directory)
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     options, rest = split_argv(sys.argv[1:] if argv is None else argv)
     podmetrics.start_from_environment(os.environ, rest)
+    rest = start_warm_workers(rest)  # first: their imports overlap the launcher's own
     install(options)
     from nvidia_resiliency_ext.fault_tolerance import launcher
 

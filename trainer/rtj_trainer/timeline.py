@@ -16,14 +16,17 @@ import json
 import os
 import time
 
-PROCESS_MARKS = ("process_start", "main", "imports")
+PROCESS_MARKS = ("process_start", "attached", "main", "imports")
+"""`attached`: a warm worker took over this worker (rtj_trainer.warmworker); `process_start` is
+then the start of the worker process ft_launcher started (the attach client)."""
 _marks: dict[str, float] = {}
 
 
-def process_start_time() -> float | None:
-    """When this process started (Unix time), from /proc; None where /proc cannot be read."""
+def process_start_time(pid: int | None = None) -> float | None:
+    """When this process (or `pid`) started (Unix time), from /proc; None where /proc cannot be
+    read."""
     try:
-        with open("/proc/self/stat") as handle:
+        with open(f"/proc/{'self' if pid is None else pid}/stat") as handle:
             fields = handle.read().rsplit(")", 1)[1].split()
         start_ticks = int(fields[19])  # field 22 of stat(5); fields[0] is field 3
         with open("/proc/stat") as handle:

@@ -518,6 +518,16 @@ class FaultTolerance(ApiModel):
             "(fastest recovery); `Disabled` goes straight to process restarts."
         ),
     )
+    warm_workers: Literal["Auto", "Enabled", "Disabled"] = Field(
+        default="Auto",
+        description=(
+            "`Enabled`: the launcher keeps worker processes that imported torch and NVRx ahead "
+            "of time and starts every worker (the first ones, and each restart's) in one of "
+            "them, seconds sooner. `Disabled`: every worker starts as a new process. `Auto`: "
+            "enabled on pods with GPUs (their CPU cores have room for the imports), disabled "
+            "otherwise. May change at any time (new pods get it)."
+        ),
+    )
     spares: int = Field(
         default=0,
         description=(

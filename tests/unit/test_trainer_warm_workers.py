@@ -1,0 +1,197 @@
+"""Warm workers' pure pieces (rtj_trainer.warmwire, warmpool, attach): message framing, the
+request's checks, the argv rewrite, the startup-environment check, how the client ends, and the
+client's hand-over over a real Unix socket to a listener that answers as a warm worker does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rtj_trainer import attach, warmpool, warmwire
+
+pytestmark = pytest.mark.unit
+
+TRAIN_LOCAL_ARGS = [
+    "--standalone", "--nnodes=1", "--nproc-per-node=2", "--ft-initial-rank-heartbeat-timeout=60",
+    "--no-python", "/venv/bin/python", "-m", "rtj_trainer", "--preset", "tiny",
+    "--set", "train.steps=30",
+]
+
+
+def _request(**overrides: Any) -> dict[str, Any]:
+    message: dict[str, Any] = {"args": ["--preset", "tiny"], "env": {"RANK": "0"},
+                               "cwd": "/work", "pid": 42}
+    message.update(overrides)
+    return message
+
+
+def test_messages_survive_framing_split_at_every_byte() -> None:
+    request = warmwire.Request(args=["--set", "train.steps=3"], env={"A": "é"}, cwd="/", pid=7)
+    stream = request.encode() + warmwire.encode({"exit": 3})
+    decoder = warmwire.Decoder()
+    received = []
+    for index in range(len(stream)):
+        received += decoder.feed(stream[index:index + 1])
+    assert [warmwire.Request.from_message(received[0]), received[1]] == [request, {"exit": 3}]
+    assert decoder.pending == 0
+
+
+@pytest.mark.parametrize(("body", "error"), [
+    (b"[1, 2]", "not a JSON object"),
+    (b"{nope", "not JSON"),
+    (b"\xff\xfe", "not JSON"),
+])
+def test_a_malformed_message_is_a_wire_error(body: bytes, error: str) -> None:
+    with pytest.raises(warmwire.WireError, match=error):
+        warmwire.Decoder().feed(len(body).to_bytes(4, "big") + body)
+
+
+def test_an_oversized_length_is_refused_before_its_body_arrives() -> None:
+    with pytest.raises(warmwire.WireError, match="exceeds"):
+        warmwire.Decoder().feed((warmwire.MAX_MESSAGE_BYTES + 1).to_bytes(4, "big"))
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("args", "--preset tiny"), ("args", [1]), ("env", {"A": 1}), ("env", []), ("cwd", ""),
+    ("pid", 0), ("pid", True), ("pid", "42"),
+])
+def test_a_request_with_a_bad_field_names_it(field: str, value: Any) -> None:
+    with pytest.raises(warmwire.WireError, match=f"request.{field}"):
+        warmwire.Request.from_message(_request(**{field: value}))
+
+
+def test_the_worker_command_becomes_the_attach_client_and_nothing_else_changes() -> None:
+    rewritten = warmwire.attach_argv(TRAIN_LOCAL_ARGS)
+    assert rewritten is not None
+    args, python = rewritten
+    assert python == "/venv/bin/python"
+    expected = list(TRAIN_LOCAL_ARGS)
+    expected[expected.index("rtj_trainer")] = "rtj_trainer.attach"
+    assert args == expected
+
+
+@pytest.mark.parametrize("args", [
+    ["--nnodes=1", "/venv/bin/python", "-m", "rtj_trainer"],  # no --no-python
+    ["--no-python", "/venv/bin/python", "-m", "other_trainer", "--x"],
+    ["--no-python", "/venv/bin/python", "train.py"],
+    ["--no-python"],
+])
+def test_another_worker_command_gets_no_warm_workers(args: list[str]) -> None:
+    assert warmwire.attach_argv(args) is None
+
+
+def test_startup_variables_must_agree_and_run_time_ones_need_not() -> None:
+    warm = {"PYTHONPATH": "/a", "PYTHONUNBUFFERED": "1", "PATH": "/bin",
+            "TORCHINDUCTOR_CACHE_DIR": "/tmp/x"}
+    worker = {**warm, "RANK": "1", "OMP_NUM_THREADS": "1", "TORCHELASTIC_RUN_ID": "r",
+              "TORCHINDUCTOR_CACHE_DIR": "/tmp/y", "PATH": "/usr/bin"}
+    assert warmwire.startup_env_mismatch(worker, warm) is None
+    assert warmwire.startup_env_mismatch({**worker, "PYTHONPATH": "/b"}, warm) == "PYTHONPATH"
+    assert warmwire.startup_env_mismatch({**worker, "TORCH_LOGS": "+dynamo"}, warm) == "TORCH_LOGS"
+    without = {k: v for k, v in worker.items() if k != "PYTHONUNBUFFERED"}
+    assert warmwire.startup_env_mismatch(without, warm) == "PYTHONUNBUFFERED"
+
+
+@pytest.mark.parametrize(("message", "forwarded", "expected"), [
+    ({"exit": 0}, None, warmwire.Ending(code=0)),
+    ({"exit": 94}, signal.SIGTERM, warmwire.Ending(code=94)),  # its own word wins
+    ({"exit": -1}, None, warmwire.Ending(code=255)),  # as the kernel truncates it
+    ({"exit": True}, None, warmwire.Ending(signal=signal.SIGKILL)),
+    (None, None, warmwire.Ending(signal=signal.SIGKILL)),  # killed from outside
+    (None, signal.SIGTERM, warmwire.Ending(signal=signal.SIGTERM)),  # a restart's SIGTERM
+    (None, signal.SIGUSR2, warmwire.Ending(signal=signal.SIGUSR2)),  # stop outside the loop
+])
+def test_the_client_ends_as_the_warm_worker_did(message: dict[str, Any] | None,
+                                                forwarded: int | None,
+                                                expected: warmwire.Ending) -> None:
+    assert warmwire.ending(message, forwarded) == expected
+
+
+def test_local_ranks_start_their_search_at_different_warm_workers(tmp_path: Path) -> None:
+    for name in ("warm-30.sock", "warm-100.sock", "warm-7.sock", ".starting-5.sock", "x.sock"):
+        (tmp_path / name).touch()
+    names = [[Path(p).name for p in warmwire.warm_sockets(str(tmp_path), rank)]
+             for rank in range(4)]
+    assert names[0] == ["warm-7.sock", "warm-30.sock", "warm-100.sock"]
+    assert names[1] == ["warm-30.sock", "warm-100.sock", "warm-7.sock"]
+    assert names[3] == names[0]
+    assert warmwire.warm_sockets(str(tmp_path / "gone")) == []
+
+
+@pytest.mark.parametrize(("args", "size"), [
+    (["--nproc-per-node=8"], 8), (["--nproc_per_node", "4"], 4), (["--nproc-per-node=gpu"], 1),
+    ([], 1),
+])
+def test_the_pool_holds_one_warm_worker_per_local_rank(args: list[str], size: int) -> None:
+    assert warmpool.pool_size(args) == size
+
+
+def test_the_switch_is_one_or_zero_and_anything_else_names_it() -> None:
+    assert warmpool.switched_on({"RTJ_WARM_WORKERS": "1"})
+    assert not warmpool.switched_on({"RTJ_WARM_WORKERS": "0"})
+    assert not warmpool.switched_on({})
+    with pytest.raises(SystemExit, match="RTJ_WARM_WORKERS='yes'"):
+        warmpool.switched_on({"RTJ_WARM_WORKERS": "yes"})
+
+
+class _FakeWarmWorker:
+    """A real listener at `warm-<pid>.sock` that answers one request as a warm worker does and
+    keeps what it received."""
+
+    def __init__(self, directory: Path, pid: int, answer: dict[str, Any]) -> None:
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(warmwire.warm_socket_path(str(directory), pid))
+        self.listener.listen(1)
+        self.answer = answer
+        self.request: warmwire.Request | None = None
+        self.fd_count = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        self.listener.close()
+        with conn:
+            data, fds, _flags, _address = socket.recv_fds(conn, 1 << 20, 3)
+            self.fd_count = len(fds)
+            for fd in fds:
+                os.close(fd)
+            self.request = warmwire.Request.from_message(warmwire.Decoder().feed(data)[0])
+            conn.sendall(warmwire.encode(self.answer))
+            conn.recv(1)  # until the client closes
+
+
+def test_the_client_hands_its_request_and_stdio_to_the_warm_worker_that_answers(
+        tmp_path: Path) -> None:
+    (tmp_path / "warm-1.sock").touch()  # a stale file nobody listens on: skipped
+    warm = _FakeWarmWorker(tmp_path, 2, {"attached": 4242})
+    request = warmwire.Request(args=["--preset", "tiny"], env={"RANK": "0"}, cwd="/", pid=9)
+    claimed = attach.claim(str(tmp_path), request)
+    assert claimed is not None
+    sock, pid, _decoder = claimed
+    sock.close()
+    warm.thread.join(5)
+    assert pid == 4242 and warm.request == request and warm.fd_count == 3
+
+
+def test_a_refusal_sends_the_client_down_the_normal_path(tmp_path: Path) -> None:
+    warm = _FakeWarmWorker(tmp_path, 3, {"refused": "PYTHONPATH differs"})
+    request = warmwire.Request(args=[], env={}, cwd="/", pid=9)
+    assert attach.claim(str(tmp_path), request) is None
+    warm.thread.join(5)
+
+
+def test_the_attach_client_imports_no_torch() -> None:
+    code = ("import sys, rtj_trainer.attach; "
+            "print(sorted(m for m in ('torch', 'nvidia_resiliency_ext', 'pydantic') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "[]"
