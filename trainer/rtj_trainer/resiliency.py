@@ -260,10 +260,12 @@ class Resiliency:
                 min_world_size=active,
                 min_active_world_size=active,
             ),
-            # Compose runs right to left: leave the rank monitor first, then abort NCCL.
+            # Compose runs right to left: leave the rank monitor first, then abort NCCL. The
+            # checkpoint writer is not aborted here (NVRx's AbortPersistentCheckpointProcesses):
+            # the attempt's own close keeps an idle one for the next attempt and stops a busy one
+            # (rtj_trainer.checkpoint.ProcessWriter), before the next attempt can stage anything.
             "abort": inprocess.Compose(
                 inprocess_abort.AbortTorchDistributed(),
-                inprocess_abort.AbortPersistentCheckpointProcesses(),
                 _pause_rank_monitor_abort(self),
             ),
             "soft_timeout": timedelta(seconds=soft),
