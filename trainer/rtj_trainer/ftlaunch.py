@@ -33,7 +33,9 @@ fault is unchanged (SIGTERM: they die at once).
 **The pod's liveness endpoint.** The shim also serves `GET /ranks` on
 RTJ_METRICS_HOST:(RTJ_METRICS_PORT - 1): every local rank's heartbeat, step and counters in one
 small JSON document (rtj_trainer.podmetrics), so the operator reads one endpoint per pod, not
-one per rank.
+one per rank. On the same port it takes the operator's verdicts on lost peer pods (`POST
+/lost-pods`) and keeps them in a pod-local file (RTJ_LOST_PODS_FILE, exported to its workers),
+from which the workers tell NVRx's in-process wrapper at once (rtj_trainer.podloss).
 """
 
 from __future__ import annotations
@@ -44,11 +46,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from . import podmetrics, termination
+from . import podloss, podmetrics, termination
 from .stop import PEER_STOPPED_EXIT_CODE, STOP_SIGNAL
 
 STOP_REASON = "trainer_non_retryable_exit"
@@ -232,9 +235,17 @@ def install(options: ShimOptions) -> None:
     agent._monitor_workers = _monitor_workers  # type: ignore[method-assign]
 
 
+def verdict_book(env: MutableMapping[str, str]) -> podloss.VerdictBook:
+    """The shim's book of the operator's verdicts on lost pods, at RTJ_LOST_PODS_FILE or a new
+    pod-local file; the variable is set in `env` so that the workers find the file."""
+    path = Path(env.get(podloss.FILE_ENV) or podloss.default_file())
+    env[podloss.FILE_ENV] = str(path)
+    return podloss.VerdictBook(path, own_uid=env.get("POD_UID", ""))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     options, rest = split_argv(sys.argv[1:] if argv is None else argv)
-    podmetrics.start_from_environment(os.environ, rest)
+    podmetrics.start_from_environment(os.environ, rest, verdict_book(os.environ))
     install(options)
     from nvidia_resiliency_ext.fault_tolerance import launcher
 
