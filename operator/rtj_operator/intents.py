@@ -62,6 +62,25 @@ Action = CreateObject | DeletePod | SetClaimOwner | DeleteJob
 
 
 @dataclass(frozen=True)
+class AnnouncePodLoss:
+    """Tell the other running trainer pods of a job that one pod's processes are all gone, so
+    that NVRx's in-process wrapper in them stops waiting for that pod's ranks (`POST /lost-pods`
+    to each peer's pod endpoint, rtj_trainer.podloss). Not an API action: the handler sends it
+    through the operator's HTTP client for the trainers (`scraping.Scraper.announce`)."""
+
+    uid: str
+    name: str
+    cause: str
+    """Why the pod is known to be gone (an `IncidentCause`, e.g. `PodFailed`)."""
+    peers: tuple[str, ...]
+    """Pod IPs of the pods to tell."""
+
+    def document(self) -> dict[str, Any]:
+        """The request body."""
+        return {"pods": [{"uid": self.uid, "name": self.name, "cause": self.cause}]}
+
+
+@dataclass(frozen=True)
 class CreateRefused:
     """What `actions.apply` reports back: the API server refused a `CreateObject` with 403
     (Pod Security admission, an admission policy, a quota). Not retried by kopf: the pass writes
