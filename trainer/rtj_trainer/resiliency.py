@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 import torch
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
-from . import podloss
+from . import podloss, timeline
 from .config import Config, ConfigError, LaunchEnvironment, launch_environment
 from .errors import FatalError
 from .stop import STOP
@@ -212,6 +212,7 @@ class Resiliency:
 
     def run(self, train: Callable[[Session], T]) -> T:
         if not self.cfg.resiliency.inprocess_restart:
+            timeline.begin_attempt()
             return train(Session(self, iteration=0))
         return self._run_inprocess(train)
 
@@ -310,9 +311,11 @@ class Resiliency:
         fatal: list[FatalError] = []
 
         def attempt(call_wrapper=None):  # type: ignore[no-untyped-def]
+            timeline.begin_attempt()  # the wrapper (re-)entered the training function
             iteration = int(call_wrapper.iteration)
             self.resume_rank_monitor()
             store = PrefixStore(f"rtj-iteration-{iteration}", self._application_store())
+            timeline.mark("session")
             try:
                 return train(Session(self, iteration=iteration, call_wrapper=call_wrapper,
                                      store=store))

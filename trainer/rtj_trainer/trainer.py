@@ -162,7 +162,7 @@ class Trainer:
     @classmethod
     def build(cls, cfg: Config, session: Session) -> Trainer:
         """Join the process group and build everything; on failure, give the device back."""
-        timeline.begin_attempt()
+        timeline.mark("build")
         ctx = parallel.init_distributed(cfg, session.launch, session.process_group_store())
         timeline.mark("process_group")
         try:
