@@ -126,6 +126,28 @@ def parse_inprocess_detections(lines: Sequence[StampedLine]) -> list[float]:
     return [line.at for line in lines if _INPROCESS_DETECTED.search(line.text)]
 
 
+_LOGGED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+_WRAPPER_EVENTS = {"detected": re.compile(r"rank=\d+ (?:fn_ex|term_ex):"),
+                   "reassigned": re.compile(r"Rank reassigned \(rank changed from")}
+
+
+def parse_wrapper_events(lines: Sequence[StampedLine]) -> dict[str, list[float]]:
+    """NVRx in-process wrapper lines by the time they were logged (their own `asctime`, this
+    machine's local time; for logs without arrival stamps, e.g. the harness's pod logs):
+    `detected` (a rank's training function failed or was interrupted: `fn_ex`/`term_ex`) and
+    `reassigned` (FillGaps moved a spare into a lost rank: the wrapper's barrier has passed)."""
+    found: dict[str, list[float]] = {name: [] for name in _WRAPPER_EVENTS}
+    for line in lines:
+        logged = _LOGGED.match(line.text)
+        if logged is None:
+            continue
+        for name, pattern in _WRAPPER_EVENTS.items():
+            if pattern.search(line.text):
+                moment = datetime.strptime(logged.group(1), "%Y-%m-%d %H:%M:%S,%f")
+                found[name].append(moment.timestamp())  # naive: local time, as logged
+    return found
+
+
 def parse_summary(lines: Sequence[StampedLine]) -> tuple[dict[str, Any], float] | None:
     """The trainer's final summary JSON and when it arrived, or None."""
     for line in reversed(lines):
@@ -201,9 +223,10 @@ def group_attempts(records: Sequence[StepRecord]) -> list[Attempt]:
 # Milestones of one recovery, in order; each phase ends at its milestone.
 PHASES = (
     ("detect", "fault fired -> failure seen (launcher event or in-process wrapper)"),
-    ("restart", "failure seen -> new workers started (stop, rendezvous, spawn)"),
+    ("restart", "failure seen -> new workers started (stop, rendezvous, spawn); in-process: "
+                "the wrapper's barrier passed, a spare moved in (when the logs show it)"),
     ("init", "workers started -> process group ready (imports, NVRx client, gloo)"),
-    ("load", "process group ready -> resumed (model build, writer spawn, verify + load ckpt)"),
+    ("load", "process group ready -> resumed (model build, verify + load ckpt)"),
     ("first_step", "resumed -> first step of the new attempt completed"),
 )
 
@@ -248,6 +271,7 @@ def analyse_recovery(
     resumes: Sequence[Resume],
     records: Sequence[StepRecord],
     timelines: Sequence[tuple[int, dict[str, float]]] = (),
+    inprocess_restarts: Sequence[float] = (),
 ) -> Recovery:
     """Split the recovery from one fault into phases using whatever milestones the logs hold."""
     step_match = re.match(r"step(\d+)-", fault)
@@ -261,8 +285,8 @@ def analyse_recovery(
     )
     started = None
     if detected is not None:
-        started = _first_after([e.at for e in events if e.name == "worker_start_completed"],
-                               detected, end)
+        started = _first_after([e.at for e in events if e.name == "worker_start_completed"]
+                               + list(inprocess_restarts), detected, end)
     ready = next_attempt.process_group_ready_at if next_attempt else None
     resume = next((r for r in resumes if r.at > fault_at and (end is None or r.at <= end)), None)
     milestones: dict[str, float | None] = {

@@ -55,7 +55,15 @@ from .common import (
     source_fingerprint,
     write_json,
 )
-from .localrun import analyse_recovery, group_attempts, parse_launcher_events, read_losses
+from .localrun import (
+    Resume,
+    analyse_recovery,
+    group_attempts,
+    parse_launcher_events,
+    parse_timelines,
+    parse_wrapper_events,
+    read_losses,
+)
 
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 
@@ -133,8 +141,9 @@ class JobRun:
     """One job on the cluster: apply, kill pod 1 at the kill step, watch the recovery."""
 
     def __init__(self, cluster: Any, namespace: str, name: str, strategy: str,
-                 args: argparse.Namespace) -> None:
+                 args: argparse.Namespace, operator_log: Path | None = None) -> None:
         self.cluster = cluster
+        self.operator_log = operator_log
         self.namespace = namespace
         self.name = name
         self.strategy = strategy
@@ -167,6 +176,24 @@ class JobRun:
             lines += [StampedLine(0.0, text)
                       for text in path.read_text(errors="replace").splitlines()]
         return lines
+
+    def operator_told_at(self, after: float) -> float | None:
+        """When the operator told the job's other pods that a pod failed (its log line, stamped
+        on arrival), the first time after `after`."""
+        log = self.operator_log
+        if log is None or not log.exists():
+            return None
+        marker = f"/{self.name}: pod {self.name}-"
+        for text in log.read_text(errors="replace").splitlines():
+            stamp, _, rest = text.partition(" ")
+            if marker in rest and " told " in rest:
+                try:
+                    at = float(stamp)
+                except ValueError:
+                    continue
+                if at > after:
+                    return at
+        return None
 
     def run(self) -> dict[str, Any]:
         args = self.args
@@ -225,11 +252,19 @@ class JobRun:
         result["goodput"] = final.get("goodput")
         path = self.losses_path()
         records = read_losses(path) if path else []
+        lines = self.pod_log_lines()
+        timelines = parse_timelines(lines)
+        wrapper = parse_wrapper_events(lines)
         recovery = analyse_recovery(
             f"step{step_at_kill + 1}-pod1-kill", kill_at,
-            events=parse_launcher_events(self.pod_log_lines()),
-            inprocess_detections=[], resumes=[], records=records)
+            events=parse_launcher_events(lines),
+            inprocess_detections=wrapper["detected"],
+            resumes=resumes_from_timelines(timelines, kill_at), records=records,
+            timelines=timelines, inprocess_restarts=wrapper["reassigned"])
         result["recovery"] = recovery.as_dict()
+        told = self.operator_told_at(kill_at)
+        result["peers_told_after_kill_seconds"] = (
+            round(told - kill_at, 3) if told is not None else None)
         result["attempts"] = [a.identity for a in group_attempts(records)]
         result["status_step_advanced_seconds"] = (
             round(status_step_advanced_at - kill_at, 3) if status_step_advanced_at else None)
@@ -255,6 +290,15 @@ class JobRun:
         return result
 
 
+def resumes_from_timelines(timelines: list[tuple[int, dict[str, float]]],
+                           after: float) -> list[Resume]:
+    """The moment the first attempt after `after` had its checkpoint loaded on every rank (the
+    latest `state_loaded` of the ranks' timelines): the pods' logs carry no arrival times."""
+    loaded = [marks["state_loaded"] for _, marks in timelines
+              if marks.get("attempt", 0.0) > after and "state_loaded" in marks]
+    return [Resume(max(loaded), "", -1)] if loaded else []
+
+
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     def pick(*keys: str) -> list[float | None]:
         values = []
@@ -270,6 +314,9 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "kill_to_killed_step_again": describe_spread(
             pick("recovery", "back_to_fault_step_seconds")),
         "kill_to_status_step": describe_spread(pick("status_step_advanced_seconds")),
+        "peers_told": describe_spread(pick("peers_told_after_kill_seconds")),
+        **{f"phase_{name}": describe_spread(pick("recovery", "phases", name))
+           for name in ("detect", "restart", "init", "load", "first_step")},
         "incident_detected": describe_spread(pick("incident", "detected_after_kill_seconds")),
         "incident_acted": describe_spread(pick("incident", "acted_after_kill_seconds")),
         "incident_recovered": describe_spread(pick("incident", "recovered_after_kill_seconds")),
@@ -282,25 +329,33 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def render(results: dict[str, Any]) -> str:
     header = ["strategy", "pods replaced", "kill → next step", "kill → killed step again",
-              "kill → status.step", "incident detected", "acted", "recovered",
+              "kill → status.step", "peers told", "incident detected", "acted", "recovered",
               "incident seconds", "succeeded"]
-    rows = []
+    phases = ("detect", "restart", "init", "load", "first_step")
+    rows, phase_rows = [], []
     for strategy, data in results["strategies"].items():
         agg = data["aggregate"]
         rows.append([
             strategy, " / ".join(agg["pods_replaced"]) or "-",
             format_spread(agg["kill_to_next_step"]),
             format_spread(agg["kill_to_killed_step_again"]),
-            format_spread(agg["kill_to_status_step"]),
+            format_spread(agg["kill_to_status_step"]), format_spread(agg.get("peers_told", {})),
             format_spread(agg["incident_detected"]), format_spread(agg["incident_acted"]),
             format_spread(agg["incident_recovered"]), format_spread(agg["incident_seconds"]),
             f"{agg['succeeded']}/{agg['runs']}",
         ])
+        phase_rows.append([strategy, *(format_spread(agg.get(f"phase_{name}", {}))
+                                       for name in phases),
+                           format_spread(agg["kill_to_next_step"])])
     return "\n".join([
         "Kubernetes: SIGKILL of every process of trainer pod 1 (seconds after the kill; "
         "incident times have 1 s resolution):",
         "",
         format_table(header, rows),
+        "",
+        "Phases (seconds; see bench/localrun.py PHASES):",
+        "",
+        format_table(["strategy", *phases, "total"], phase_rows),
     ])
 
 
@@ -357,13 +412,14 @@ def main(argv: list[str] | None = None) -> int:
     results["cluster_start_seconds"] = round(time.monotonic() - began, 1)
     operator = None
     try:
-        operator = start_operator(cluster, work_dir / "operator.log", args.reconcile_interval)
+        operator_log = work_dir / "operator.log"
+        operator = start_operator(cluster, operator_log, args.reconcile_interval)
         namespace = cluster.create_namespace("bench")
         for strategy in [s for s in args.strategies.split(",") if s]:
             runs = []
             for repeat in range(args.repeats):
                 name = f"bench-{strategy.lower().replace('+', '-')}-{repeat}"
-                result = JobRun(cluster, namespace, name, strategy, args).run()
+                result = JobRun(cluster, namespace, name, strategy, args, operator_log).run()
                 print(f"[bench.operator_recovery] {name}: state={result.get('final_state')} "
                       f"kill→next step={result.get('recovery', {}).get('total_seconds')} s "
                       f"incident={result.get('incident')} error={result.get('error')}",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from bench.common import StampedLine, describe_spread, format_spread, format_table
 from bench.localrun import (
+    Resume,
     StepRecord,
     analyse_recovery,
     group_attempts,
@@ -16,6 +18,7 @@ from bench.localrun import (
     parse_launcher_events,
     parse_resumes,
     parse_summary,
+    parse_wrapper_events,
     read_fault_times,
     read_losses,
 )
@@ -88,6 +91,39 @@ def test_an_in_process_restart_has_no_launcher_milestones_and_still_adds_up() ->
     assert recovery.total_seconds == pytest.approx(4.0, abs=1e-3)
     present = [v for v in recovery.phases.values() if v is not None]
     assert sum(present) == pytest.approx(4.0, abs=5e-3)
+
+
+# Recorded from a warm spare's takeover on the local cluster (2026-12-01, pod logs, trimmed):
+# NVRx's own lines carry the time they were logged (local time), the pod logs no arrival time.
+SPARE_TAKEOVER_LOG = [
+    "2026-12-01 03:56:23,603 [ERROR] [bench-0] [workload:0(?) infra:?(?)] wrap.py:582 "
+    "[2026-12-01 03:56:23.603071] rank=0 fn_ex: RuntimeError('Connection closed by peer')",
+    "[rtj-trainer rank 0] marked ranks [2, 3] of restart iteration 0 terminated",
+    "2026-12-01 03:56:23,815 [WARNING] [bench-0] [workload:0(?) infra:?(?)] wrap.py:598 "
+    "[2026-12-01 03:56:23.815312] rank=0 term_ex: RankShouldRestart('Interruption.EXCEPTION')",
+    "2026-12-01 03:56:24,641 [INFO] [bench-2] [workload:4(?) infra:?(?)] rank_assignment.py:829 "
+    "[In-process] Rank reassigned (rank changed from 4 to 2) to fill gap",
+]
+
+
+def test_wrapper_lines_give_the_in_process_detection_and_the_spares_move_in_local_time() -> None:
+    events = parse_wrapper_events([StampedLine(0.0, text) for text in SPARE_TAKEOVER_LOG])
+    local = datetime(2026, 12, 1, 3, 56, 23, 603000).timestamp()  # naive: this machine's zone
+    assert events["detected"] == pytest.approx([local, local + 0.212], abs=1e-3)
+    assert events["reassigned"] == pytest.approx([local + 1.038], abs=1e-3)
+
+
+def test_an_in_process_takeover_counts_the_spares_move_in_as_its_restart() -> None:
+    records = [StepRecord(35, "a0-l0-i0-50085497", FAULT_AT - 0.1, 5.5),
+               StepRecord(31, "a0-l0-i1-50094800", FAULT_AT + 4.2, 5.5)]  # group at 94.800
+    recovery = analyse_recovery(
+        "step36-pod1-kill", FAULT_AT, events=[], inprocess_detections=[FAULT_AT + 0.3],
+        inprocess_restarts=[FAULT_AT + 1.3], resumes=[Resume(FAULT_AT + 4.0, "", -1)],
+        records=records)
+    assert recovery.phases == pytest.approx({
+        "detect": 0.3, "restart": 1.0, "init": 2.473, "load": 0.227, "first_step": 0.2},
+        abs=2e-3)
+    assert recovery.total_seconds == pytest.approx(4.2, abs=1e-3)
 
 
 def test_a_fault_without_a_later_attempt_has_no_recovery_time() -> None:

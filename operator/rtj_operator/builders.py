@@ -188,6 +188,8 @@ def trainer_env(
         _field_env("POD_IP", "status.podIP"),
         _field_env("POD_NAME", "metadata.name"),
         _field_env("POD_NAMESPACE", "metadata.namespace"),
+        # What the operator names when it tells the other pods this one is lost (podloss).
+        _field_env("POD_UID", "metadata.uid"),
         # The metrics server binds the pod IP only.
         _field_env("RTJ_METRICS_HOST", "status.podIP"),
     ]

@@ -8,6 +8,10 @@ change of one of the job's pods (the pod watch below), a pod's heartbeat deadlin
 change wake the loop at once (jobloop.py says how bursts are coalesced). The loop starts with a
 full pass when kopf first sees the job (a new job, or the operator (re)started).
 
+One more handler watches trainer pods themselves: a pod that failed is announced to the job's
+other pods at once (`announce_pod_loss`, rtj_operator.decisions.podloss), so that a warm spare
+takes over without waiting for the next pass or for NVRx's heartbeat timeout.
+
 The jobs' children are observed through three kopf indexes (watch caches of every pod, Service
 and claim with the job label, keyed by namespace and job), so a pass lists nothing. A finished
 job with no pods left and no `ttlSecondsAfterFinished` costs nothing: its loop skips the pass.
@@ -33,7 +37,7 @@ import kubernetes.client
 from rtj_operator import actions, jobloop, leader, metrics, naming, observe, reconcile, scraping
 from rtj_operator.api import GROUP, PLURAL, VERSION
 from rtj_operator.config import OperatorSettings, settings_from_environment
-from rtj_operator.decisions import stops
+from rtj_operator.decisions import podloss, stops
 from rtj_operator.podplan import DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS
 
 SETTINGS: OperatorSettings = settings_from_environment()
@@ -81,6 +85,44 @@ def remember_stop(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     stop_memory: observe.StopMemory | None = memo.get("stops")
     if stop_memory is not None:
         stop_memory.record(body, reconcile.now_utc())
+
+
+ANNOUNCED_KEEP_SECONDS = 3600.0
+"""How long the operator remembers a pod it announced lost (one announcement per pod)."""
+
+
+@kopf.on.event("pods", labels={naming.JOB_LABEL: kopf.PRESENT,
+                               naming.ROLE_LABEL: naming.ROLE_TRAINER})
+async def announce_pod_loss(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
+                            **kwargs: Any) -> None:
+    """A trainer pod whose processes are all gone (Failed): tell the job's other running pods at
+    once, so that their in-process wrapper stops waiting for its ranks (decisions.podloss).
+    Runs on the pod's watch event, not at the next reconcile pass; the pass still records the
+    incident and replaces the pod."""
+    elector: leader.LeaseElector | None = memo.get("elector")
+    if event.get("type") == "DELETED" or (elector is not None and not elector.is_leader()):
+        return
+    announced: dict[str, float] = memo["announced"]
+    pod = observe.pod_view(body)
+    labels = body.get("metadata", {}).get("labels") or {}
+    key = (body.get("metadata", {}).get("namespace"), labels.get(naming.JOB_LABEL, ""))
+    verdict = podloss.announcement(
+        pod,
+        in_process_restart=observe.container_env(
+            body, naming.TRAINER_CONTAINER, podloss.IN_PROCESS_RESTART_ENV) == "1",
+        peers=[observe.pod_view(peer) for peer in kwargs["job_pods"].get(key, [])],
+        already_announced=pod.uid in announced,
+    )
+    if verdict is None:
+        return
+    now = time.monotonic()
+    for uid in [u for u, at in announced.items() if now - at > ANNOUNCED_KEEP_SECONDS]:
+        del announced[uid]
+    announced[pod.uid] = now
+    scraper: scraping.Scraper = memo["scraper"]
+    told = await scraper.announce(verdict, base_port=SETTINGS.trainer_metrics_port)
+    LOG.info("%s/%s: pod %s failed: told %d of %d running peer pods that its ranks are gone",
+             key[0], key[1], pod.name, told, len(verdict.peers))
 
 
 @kopf.index("services", labels={naming.JOB_LABEL: kopf.PRESENT})
@@ -152,6 +194,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo["health"] = {"last_pass_monotonic": time.monotonic(), "in_flight": {}}
     # Every job's loop, by (namespace, name), for the pod watch to wake (shared likewise).
     memo["loops"] = {}
+    # The pods announced lost (uid -> when), shared by every pod's memo likewise.
+    memo["announced"] = {}
 
 
 @kopf.on.cleanup()

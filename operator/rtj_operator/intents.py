@@ -38,7 +38,8 @@ class DeletePod:
     uid: str
     force: bool = False
     """Delete at once (gracePeriodSeconds 0): only for a pod whose node is lost, whose kubelet
-    can never confirm a graceful delete."""
+    can never confirm a graceful delete, or one whose containers have all ended (`Failed`),
+    whose name its replacement takes in the same pass."""
     grace_seconds: int | None = None
     """gracePeriodSeconds for a graceful delete (None: the pod's own). Fault recovery uses a
     short one (`recovery.RECOVERY_GRACE_SECONDS`): the trainers answer SIGTERM by committing a
@@ -80,6 +81,25 @@ class PatchWorkload:
 
 Action = CreateObject | DeletePod | SetClaimOwner | DeleteJob | PatchJob | PatchWorkload
 """A change to the cluster, applied by `actions.apply` in order."""
+
+
+@dataclass(frozen=True)
+class AnnouncePodLoss:
+    """Tell the other running trainer pods of a job that one pod's processes are all gone, so
+    that NVRx's in-process wrapper in them stops waiting for that pod's ranks (`POST /lost-pods`
+    to each peer's pod endpoint, rtj_trainer.podloss). Not an API action: the handler sends it
+    through the operator's HTTP client for the trainers (`scraping.Scraper.announce`)."""
+
+    uid: str
+    name: str
+    cause: str
+    """Why the pod is known to be gone (an `IncidentCause`, e.g. `PodFailed`)."""
+    peers: tuple[str, ...]
+    """Pod IPs of the pods to tell."""
+
+    def document(self) -> dict[str, Any]:
+        """The request body."""
+        return {"pods": [{"uid": self.uid, "name": self.name, "cause": self.cause}]}
 
 
 @dataclass(frozen=True)

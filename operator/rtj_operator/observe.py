@@ -153,6 +153,19 @@ def pod_view(pod: Mapping[str, Any], nodes: Mapping[str, NodeView] | None = None
     )
 
 
+def container_env(pod: Mapping[str, Any], container: str, name: str) -> str | None:
+    """The literal value of variable `name` in the pod's container `container` (the last one
+    wins, as in the kubelet); None when it is not set to a literal value."""
+    value = None
+    for spec in (pod.get("spec") or {}).get("containers") or []:
+        if spec.get("name") == container:
+            for entry in spec.get("env") or []:
+                if entry.get("name") == name:
+                    literal = entry.get("value")
+                    value = literal if isinstance(literal, str) else None
+    return value
+
+
 def observed_from(
     *,
     job_name: str,

@@ -14,6 +14,10 @@ not answer is simply missing from the result: "could not observe" is never "hung
 declare a hang only on a stale heartbeat from a pod that answered, and raise
 `ObservationDegraded` for a pod that stays silent). Parsing is pure (`rank_sample_from_text`,
 `node_liveness_from_json`) and unit-tested.
+
+The same client carries the operator's word to the trainers that a peer pod is gone
+(`announce`: `POST /lost-pods` to each running peer's pod endpoint), which lets NVRx's in-process
+wrapper in them stop waiting for the lost pod's heartbeats (rtj_operator.decisions.podloss).
 """
 
 from __future__ import annotations
@@ -28,10 +32,13 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from rtj_operator.intents import AnnouncePodLoss
 from rtj_operator.naming import pod_endpoint_port
 from rtj_operator.observed import NodeLiveness, PodView, RankLiveness, RankSample
 
 METRIC_PREFIX = "rtj_trainer_"
+LOST_PODS_PATH = "/lost-pods"
+"""Where a trainer pod's endpoint takes verdicts on lost peer pods (rtj_trainer.podloss)."""
 
 
 def rank_sample_from_text(text: str, *, local_rank: int) -> RankSample:
@@ -176,6 +183,29 @@ class Scraper:
                 return (None if refused else 0), b"", sent
             except (aiohttp.ClientError, TimeoutError, OSError):
                 return 0, b"", sent
+
+    async def _post(self, url: str, document: Mapping[str, Any]) -> int:
+        """POST `document` as JSON; the HTTP status, 0 on any failure."""
+        session, slots = self._client(True)  # urgent: a loss to announce at once
+        async with slots:
+            try:
+                async with session.post(
+                    url, json=document, timeout=aiohttp.ClientTimeout(total=self.timeout_seconds)
+                ) as response:
+                    await response.read()
+                    return response.status
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                return 0
+
+    async def announce(self, announcement: AnnouncePodLoss, *, base_port: int) -> int:
+        """Post a lost pod's verdict to every peer's pod endpoint at once (`POST /lost-pods`);
+        returns how many peers took it. A peer that does not answer still learns of the loss
+        from NVRx's heartbeats, later."""
+        port = pod_endpoint_port(base_port)
+        statuses = await asyncio.gather(*(
+            self._post(f"http://{ip}:{port}{LOST_PODS_PATH}", announcement.document())
+            for ip in announcement.peers))
+        return sum(1 for status in statuses if status == 200)
 
     async def _per_rank(self, pod: PodView, base_port: int, procs: int,
                         urgent: bool) -> NodeLiveness | None:

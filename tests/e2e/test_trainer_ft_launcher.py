@@ -161,6 +161,25 @@ def test_inprocess_restart_recovers_an_exception_in_the_same_processes(
     assert len({e["pid"] for e in losses}) == 1  # rank 0 never left its process
     _assert_same_losses(losses, fault_free)
     assert "RankShouldRestart" in out
+    # Each rank's checkpoint writer outlived the restart (it was idle): one start per rank.
+    started = [ln for ln in out.splitlines() if "checkpoint writer process" in ln]
+    assert len(started) == 2, started
+
+
+def test_inprocess_restart_stops_a_writer_that_is_still_writing(
+    tmp_path: Path, fault_free: dict[int, float]
+) -> None:
+    """Writes take 2 s, so both writers are still writing the step-10 save when rank 1 fails at
+    step 11: the next attempt stages into the same buffer, so they are stopped (not kept) and
+    new ones start; the step-10 save is never committed and the job resumes from step 5."""
+    out = _run(tmp_path, faults="11:1:exception",
+               extra_env={"RTJ_INPROCESS_RESTART": "1", "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "60"},
+               args=("--set", "checkpoint.test_write_delay_seconds=2"))
+    assert _summary(out)["restarts"] == {"inprocess": 1, "launcher": 0, "pod": 0}
+    assert "resumed from step-000000005" in out
+    _assert_same_losses(_losses(tmp_path), fault_free)
+    started = [ln for ln in out.splitlines() if "checkpoint writer process" in ln]
+    assert len(started) == 4, started
 
 
 def _free_port() -> int:

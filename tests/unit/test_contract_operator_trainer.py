@@ -13,7 +13,10 @@ Tests may import both packages; import-linter keeps the packages themselves apar
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +32,8 @@ from rtj_trainer.metrics import Snapshot, TrainerMetrics
 pytestmark = pytest.mark.unit
 
 SETTINGS = OperatorSettings(trainer_metrics_port=9500)
-POD_FIELDS = {"status.podIP": "10.1.2.3", "metadata.name": "llama-1", "metadata.namespace": "ml"}
+POD_FIELDS = {"status.podIP": "10.1.2.3", "metadata.name": "llama-1", "metadata.namespace": "ml",
+              "metadata.uid": "pod-uid-1"}
 """What the kubelet puts into the downward-API variables."""
 
 
@@ -82,6 +86,7 @@ def test_the_trainer_reads_the_spec_from_the_environment_the_operator_writes() -
         "llama", "uid-7", "ml", "llama-1")
     assert (identity.node_index, identity.nnodes, identity.procs_per_node, identity.attempt) == (
         1, 3, 2, 2)
+    assert identity.pod_uid == "pod-uid-1"  # what the operator names when the pod is lost
 
 
 def test_in_process_restart_enabled_in_the_spec_is_enabled_in_the_trainer() -> None:
@@ -120,6 +125,59 @@ def test_a_fresh_trainer_rank_reads_as_no_heartbeat_and_no_checkpoint_yet() -> N
     assert (sample.rank, sample.step) == (0, 0)
     assert sample.heartbeat is None
     assert sample.committed_step is None and sample.committed_time is None
+
+
+# --- a lost pod announced ------------------------------------------------------------------------
+
+
+def test_the_trainers_endpoint_takes_the_operators_announcement_of_a_lost_pod(
+    tmp_path: Path,
+) -> None:
+    """The operator's `Scraper.announce` posts to a trainer pod's real endpoint (the launcher
+    shim's `podmetrics.serve` with its verdict book); the verdict lands in the file the workers
+    read, on the port the pod builder gives the trainer."""
+    from rtj_operator.decisions import podloss as announcing
+    from rtj_operator.observed import PodView
+    from rtj_operator.scraping import Scraper
+    from rtj_trainer import podloss, podmetrics
+
+    book = podloss.VerdictBook(tmp_path / "lost.json", own_uid="uid-0")
+    ranks = podmetrics.PodRanks(host="127.0.0.1", metrics_port=1, procs=1, fetch=lambda _: None)
+    server = podmetrics.serve(ranks, "127.0.0.1", 0, book)
+    port = server.server_address[1]
+    base_port = port + 1  # the endpoint is one below the ranks' base port on both sides
+    assert podmetrics.pod_port(base_port) == port
+    lost = PodView(name="llama-1", uid="uid-1", role="trainer", node_index=1, phase="Failed")
+    peer = PodView(name="llama-0", uid="uid-0", role="trainer", node_index=0, phase="Running",
+                   pod_ip="127.0.0.1")
+    verdict = announcing.announcement(lost, in_process_restart=True, peers=[lost, peer],
+                                      already_announced=False)
+    assert verdict is not None
+
+    async def announce() -> int:
+        scraper = Scraper(concurrency=4, timeout_seconds=5)
+        try:
+            return await scraper.announce(verdict, base_port=base_port)
+        finally:
+            await scraper.close()
+
+    try:
+        assert asyncio.run(announce()) == 1
+    finally:
+        threading.Thread(target=server.shutdown).start()
+        server.server_close()
+    assert podloss.read_verdicts(book.path) == [podloss.LostPod("uid-1", "llama-1", "PodFailed")]
+
+
+def test_the_lost_pods_file_the_shim_exports_is_what_the_worker_reads(tmp_path: Path) -> None:
+    from rtj_trainer import ftlaunch
+
+    env = {"POD_UID": "pod-uid-1"}
+    book = ftlaunch.verdict_book(env)
+    assert book.own_uid == "pod-uid-1"
+    config = build_config(preset="tiny", env=env)
+    assert config.resiliency.lost_pods_file == str(book.path)
+    assert config.job.pod_uid == "pod-uid-1"
 
 
 # --- the termination message --------------------------------------------------------------------

@@ -35,26 +35,28 @@ def test_a_failed_pod_is_replaced_alone() -> None:
     now = T0 + timedelta(seconds=60)
     failed = world(trainer(0), trainer(1, "Failed", exit_code=1), rdzv=rendezvous())
     two = then(one, j, failed, now=now, liveness=beats(now, pods=failed))
-    # A short grace: the trainers' checkpoint-then-stop on SIGTERM cannot help a broken job.
-    assert two.of_type(DeletePod) == [
-        DeletePod("tiny-1", "uid-1-0", grace_seconds=RECOVERY_GRACE_SECONDS)]
-    assert created(two) == []
+    # Its containers have ended: it is deleted at once (nothing of it runs to be given a
+    # grace period) and its replacement, with the next attempt, takes the name in this pass.
+    assert two.of_type(DeletePod) == [DeletePod("tiny-1", "uid-1-0", force=True)]
+    assert two.actions.index(two.of_type(DeletePod)[0]) < two.actions.index(
+        two.of_type(CreateObject)[0])
+    assert created(two) == ["Pod/tiny-1"]
+    pod = two.of_type(CreateObject)[0].manifest
+    assert pod["metadata"]["labels"]["training.resilient.dev/attempt"] == "1"
     incident = two.status["incidents"][-1]
     assert incident["cause"] == IncidentCause.POD_FAILED and incident["action"] == "RankRestart"
     assert incident["nodeIndex"] == 1 and "exit code 1" in incident["message"]
     assert two.status["restarts"]["rank"] == 1 and two.status["restarts"]["total"] == 1
-    assert two.status["ranks"][1]["state"] == "Restarting"
+    assert two.status["ranks"][1]["state"] == "Pending"
     assert two.status["ranks"][1]["restarts"] == 1
     assert two.status["state"] == "Recovering"
     assert condition(two, "Recovering")["status"] == "True"
     assert "RankRestart" in events(two)
 
-    # The pod is gone: the replacement is created with the next attempt; nothing else changes.
-    gone = world(trainer(0), rdzv=rendezvous())
-    three = then(two, j, gone, now=now + timedelta(seconds=3))
-    assert created(three) == ["Pod/tiny-1"]
-    pod = three.of_type(CreateObject)[0].manifest
-    assert pod["metadata"]["labels"]["training.resilient.dev/attempt"] == "1"
+    # The old pod is gone and the replacement starting: nothing else changes.
+    replaced = world(trainer(0), trainer(1, "Pending", attempt=1), rdzv=rendezvous())
+    three = then(two, j, replaced, now=now + timedelta(seconds=3))
+    assert three.actions == []
     assert len(three.status["incidents"]) == 1
     assert three.status["restarts"]["rank"] == 1
 
@@ -71,12 +73,29 @@ def test_a_failed_pod_is_replaced_alone() -> None:
     assert four.status["state"] == "Running"
 
 
+def test_a_hung_pod_still_runs_so_it_gets_a_short_grace_and_keeps_its_name_until_gone() -> None:
+    j = job()
+    one = running(j)  # heartbeats at T0+30
+    now = T0 + timedelta(seconds=30 + 20 + 60 + 1)
+    live = beats(now)
+    live[1] = beats(T0 + timedelta(seconds=30))[1]  # node 1 stuck at its old heartbeat
+    two = then(one, j, world(trainer(0), trainer(1), rdzv=rendezvous()), now=now, liveness=live)
+    # A short grace: the trainers' checkpoint-then-stop on SIGTERM cannot help a broken job.
+    assert two.of_type(DeletePod) == [
+        DeletePod("tiny-1", "uid-1-0", grace_seconds=RECOVERY_GRACE_SECONDS)]
+    assert created(two) == []
+
+
 def test_a_pod_that_is_still_terminating_is_not_recreated_yet() -> None:
+    """A pod being deleted gracefully (here by someone else) keeps its name until it is gone,
+    even once its containers ended: no second pod of that name is created beside it."""
     j = job()
     one = running(j)
-    failed = world(trainer(0), trainer(1, "Failed", exit_code=1), rdzv=rendezvous())
-    two = then(one, j, failed, now=T0 + timedelta(seconds=60))
-    terminating = world(trainer(0), trainer(1, "Failed", exit_code=1, deleting=True),
+    deleted = world(trainer(0), trainer(1, deleting=True), rdzv=rendezvous())
+    two = then(one, j, deleted, now=T0 + timedelta(seconds=60))
+    assert two.status["incidents"][-1]["action"] == "RankRestart"
+    assert two.of_type(DeletePod) == [] and created(two) == []
+    terminating = world(trainer(0), trainer(1, "Failed", exit_code=143, deleting=True),
                         rdzv=rendezvous())
     three = then(two, j, terminating, now=T0 + timedelta(seconds=62))
     assert three.actions == []

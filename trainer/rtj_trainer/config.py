@@ -180,6 +180,12 @@ class ResiliencyConfig(_Section):
     `spare_nodes` launchers' ranks start with everyone, join the in-process wrapper's world as
     inactive ranks, and take over the ranks of a lost pod in place (rtj_trainer.resiliency).
     Needs in-process restart."""
+    lost_pods_file: str | None = None
+    """The launcher shim's file of the operator's verdicts on lost peer pods (env
+    RTJ_LOST_PODS_FILE, set by rtj_trainer.ftlaunch for its workers). With in-process restart
+    and `job.pod_uid` known, a thread applies them to the wrapper at once instead of waiting
+    `inprocess_pod_loss_timeout_seconds` for the lost ranks' heartbeats (rtj_trainer.podloss).
+    None: only the heartbeats tell."""
 
 
 class MetricsConfig(_Section):
@@ -197,6 +203,9 @@ class JobConfig(_Section):
     uid: str = ""
     namespace: str = ""
     pod_name: str = ""
+    pod_uid: str = ""
+    """The pod's UID (env POD_UID): what the operator names when it reports a pod lost
+    (rtj_trainer.podloss)."""
     pod_ip: str = ""
     node_index: int = 0
     nnodes: int = 1
@@ -287,6 +296,7 @@ _OPERATOR_ENV: dict[str, str] = {
     "RTJ_JOB_UID": "job.uid",
     "POD_NAMESPACE": "job.namespace",
     "POD_NAME": "job.pod_name",
+    "POD_UID": "job.pod_uid",
     "POD_IP": "job.pod_ip",
     "RTJ_NODE_INDEX": "job.node_index",
     "RTJ_NNODES": "job.nnodes",
@@ -301,6 +311,7 @@ _OPERATOR_ENV: dict[str, str] = {
     "RTJ_METRICS_HOST": "metrics.host",
     "RTJ_INPROCESS_RESTART": "resiliency.inprocess_restart",
     "RTJ_SPARE_NODES": "resiliency.spare_nodes",
+    "RTJ_LOST_PODS_FILE": "resiliency.lost_pods_file",
     "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "resiliency.heartbeat_timeout_seconds",
     "TRAINER_FAULTS": "faults",
     "RTJ_FAULT_INJECTION": "fault_injection",

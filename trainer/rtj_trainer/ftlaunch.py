@@ -61,7 +61,9 @@ client `<python> -m rtj_trainer.attach ...`, which hands each worker over to one
 **The pod's liveness endpoint.** The shim also serves `GET /ranks` on
 RTJ_METRICS_HOST:(RTJ_METRICS_PORT - 1): every local rank's heartbeat, step and counters in one
 small JSON document (rtj_trainer.podmetrics), so the operator reads one endpoint per pod, not
-one per rank.
+one per rank. On the same port it takes the operator's verdicts on lost peer pods (`POST
+/lost-pods`) and keeps them in a pod-local file (RTJ_LOST_PODS_FILE, exported to its workers),
+from which the workers tell NVRx's in-process wrapper at once (rtj_trainer.podloss).
 """
 
 from __future__ import annotations
@@ -76,11 +78,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from . import podmetrics, termination, warmpool, warmwire
+from . import podloss, podmetrics, termination, warmpool, warmwire
 from .stop import PEER_STOPPED_EXIT_CODE, STOP_SIGNAL
 
 PEER_STOP_WAIT_SECONDS = 30.0
@@ -416,9 +419,17 @@ def start_warm_workers(launcher_args: list[str]) -> list[str]:
     return args
 
 
+def verdict_book(env: MutableMapping[str, str]) -> podloss.VerdictBook:
+    """The shim's book of the operator's verdicts on lost pods, at RTJ_LOST_PODS_FILE or a new
+    pod-local file; the variable is set in `env` so that the workers find the file."""
+    path = Path(env.get(podloss.FILE_ENV) or podloss.default_file())
+    env[podloss.FILE_ENV] = str(path)
+    return podloss.VerdictBook(path, own_uid=env.get("POD_UID", ""))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     options, rest = split_argv(sys.argv[1:] if argv is None else argv)
-    podmetrics.start_from_environment(os.environ, rest)
+    podmetrics.start_from_environment(os.environ, rest, verdict_book(os.environ))
     rest = start_warm_workers(rest)  # first: their imports overlap the launcher's own
     install(options)
     from nvidia_resiliency_ext.fault_tolerance import launcher

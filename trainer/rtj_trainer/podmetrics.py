@@ -15,6 +15,11 @@ A rank is listed once it has answered at least once; when it stops answering (it
 or is being restarted by ft_launcher) the last values it gave are kept with `"answered": false`,
 so its heartbeat goes stale: the operator then has evidence (the pod answers, the rank's own
 heartbeat is old) instead of silence. A rank that never answered is not listed.
+
+The same endpoint takes the operator's verdicts on lost peer pods, `POST /lost-pods`
+(rtj_trainer.podloss): the shim keeps them in the file its workers poll, so the in-process
+wrapper learns of a lost pod at once instead of after its heartbeat timeout. Who may reach the
+port is the job's NetworkPolicy's business (the job's own pods and the operator's).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from . import podloss
 
 PREFIX = "rtj_trainer_"
 PATH = "/ranks"
@@ -109,20 +116,56 @@ class PodRanks:
             return {"ranks": [self._last[r] for r in sorted(self._last)]}
 
 
-def serve(ranks: PodRanks, host: str, port: int) -> ThreadingHTTPServer:
-    """Serve `GET /ranks` on host:port in a daemon thread."""
+MAX_BODY_BYTES = 65536
+"""Largest request body the endpoint reads (a verdict names at most 64 pods)."""
+
+
+def accept_verdict(verdicts: podloss.VerdictBook, body: bytes) -> tuple[int, dict[str, Any]]:
+    """Handle the body of `POST /lost-pods`: (HTTP status, JSON answer)."""
+    try:
+        pods = podloss.parse_verdict(json.loads(body))
+    except ValueError as error:  # VerdictError, or not JSON at all
+        return 400, {"error": str(error)}
+    new = verdicts.record(pods)
+    for pod in new:
+        log.warning("the operator reports pod %s (uid %s) lost (%s): telling the workers",
+                    pod.name, pod.uid, pod.cause)
+    return 200, {"accepted": len(new)}
+
+
+def serve(ranks: PodRanks, host: str, port: int,
+          verdicts: podloss.VerdictBook | None = None) -> ThreadingHTTPServer:
+    """Serve `GET /ranks` (and, given `verdicts`, `POST /lost-pods`) on host:port in a daemon
+    thread."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path.split("?")[0] != PATH:
-                self.send_error(404)
-                return
-            body = json.dumps(ranks.read()).encode()
-            self.send_response(200)
+        def _answer(self, status: int, document: Any) -> None:
+            body = json.dumps(document).encode()
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] != PATH:
+                self.send_error(404)
+                return
+            self._answer(200, ranks.read())
+
+        def do_POST(self) -> None:
+            if verdicts is None or self.path.split("?")[0] != podloss.PATH:
+                self.send_error(404)
+                return
+            try:
+                length = int(self.headers.get("Content-Length") or "0")
+            except ValueError:
+                length = -1
+            if not 0 < length <= MAX_BODY_BYTES:
+                self._answer(400, {"error": f"Content-Length: expected 1 to {MAX_BODY_BYTES} "
+                                            "bytes"})
+                return
+            self._answer(*accept_verdict(verdicts, self.rfile.read(length)))
 
         def log_message(self, format: str, *args: Any) -> None:
             return
@@ -150,7 +193,9 @@ def procs_from_argv(argv: list[str]) -> int | None:
     return None
 
 
-def start_from_environment(env: Mapping[str, str], argv: list[str]) -> ThreadingHTTPServer | None:
+def start_from_environment(env: Mapping[str, str], argv: list[str],
+                           verdicts: podloss.VerdictBook | None = None
+                           ) -> ThreadingHTTPServer | None:
     """Start the pod endpoint when the pod has RTJ_METRICS_HOST/RTJ_METRICS_PORT (the operator
     sets both) and the launcher's worker count is known; None otherwise. Never fails the
     launcher: a port in use is logged."""
@@ -164,7 +209,7 @@ def start_from_environment(env: Mapping[str, str], argv: list[str]) -> Threading
     if not host or not port or not procs:
         return None
     try:
-        return serve(PodRanks(host=host, metrics_port=base, procs=procs), host, port)
+        return serve(PodRanks(host=host, metrics_port=base, procs=procs), host, port, verdicts)
     except OSError as error:
         log.error("cannot serve the pod endpoint on %s:%s: %s", host, port, error)
         return None

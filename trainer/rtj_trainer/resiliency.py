@@ -43,11 +43,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
+from . import podloss, timeline
 from .config import Config, ConfigError, LaunchEnvironment, launch_environment
 from .errors import FatalError
 from .stop import STOP
@@ -210,6 +212,7 @@ class Resiliency:
 
     def run(self, train: Callable[[Session], T]) -> T:
         if not self.cfg.resiliency.inprocess_restart:
+            timeline.begin_attempt()
             return train(Session(self, iteration=0))
         return self._run_inprocess(train)
 
@@ -252,18 +255,23 @@ class Resiliency:
             # it. ft_launcher's default (1) kills the process, i.e. a launcher restart of all.
             os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
         active = self.active_world_size
+        listener = self._pod_loss_listener()
+        retry = inprocess.initialize.RetryController(
+            max_iterations=res.inprocess_max_restarts + 1,
+            min_world_size=active,
+            min_active_world_size=active,
+        )
         wrapper_kwargs: dict[str, Any] = {
             "store_kwargs": {"port": self.launch.master_port + 2,
                              "timeout": timedelta(seconds=120)},
-            "initialize": inprocess.initialize.RetryController(
-                max_iterations=res.inprocess_max_restarts + 1,
-                min_world_size=active,
-                min_active_world_size=active,
-            ),
-            # Compose runs right to left: leave the rank monitor first, then abort NCCL.
+            "initialize": retry if listener is None else inprocess.Compose(
+                retry, _entering(listener)),
+            # Compose runs right to left: leave the rank monitor first, then abort NCCL. The
+            # checkpoint writer is not aborted here (NVRx's AbortPersistentCheckpointProcesses):
+            # the attempt's own close keeps an idle one for the next attempt and stops a busy one
+            # (rtj_trainer.checkpoint.ProcessWriter), before the next attempt can stage anything.
             "abort": inprocess.Compose(
                 inprocess_abort.AbortTorchDistributed(),
-                inprocess_abort.AbortPersistentCheckpointProcesses(),
                 _pause_rank_monitor_abort(self),
             ),
             "soft_timeout": timedelta(seconds=soft),
@@ -303,9 +311,11 @@ class Resiliency:
         fatal: list[FatalError] = []
 
         def attempt(call_wrapper=None):  # type: ignore[no-untyped-def]
+            timeline.begin_attempt()  # the wrapper (re-)entered the training function
             iteration = int(call_wrapper.iteration)
             self.resume_rank_monitor()
             store = PrefixStore(f"rtj-iteration-{iteration}", self._application_store())
+            timeline.mark("session")
             try:
                 return train(Session(self, iteration=iteration, call_wrapper=call_wrapper,
                                      store=store))
@@ -318,13 +328,31 @@ class Resiliency:
         # The wrapper finds the CallWrapper parameter by its (real, not string) annotation.
         attempt.__annotations__ = {"call_wrapper": inprocess.CallWrapper}
         wrapped = wrapper(attempt)
+        if listener is not None:
+            listener.start()
         try:
             result: T = wrapped()
         except BaseException:
             if fatal:
                 raise fatal[0] from None
             raise
+        finally:
+            if listener is not None:
+                listener.stop()
         return result
+
+    def _pod_loss_listener(self) -> podloss.PodLossListener | None:
+        """The thread that applies the operator's verdicts on lost pods (rtj_trainer.podloss):
+        only where the launcher shim keeps them and the pod knows its UID."""
+        path, uid = self.cfg.resiliency.lost_pods_file, self.cfg.job.pod_uid
+        if not path or not uid:
+            return None
+        launch = self.launch
+        return podloss.PodLossListener(
+            path=Path(path), pod_uid=uid, initial_rank=launch.rank,
+            connect=lambda: podloss.store_client(
+                launch.master_addr, launch.master_port + 2, connect_seconds=30.0,
+                op_seconds=10.0))
 
 
 def _pause_rank_monitor_abort(resiliency: Resiliency) -> Any:
@@ -337,6 +365,19 @@ def _pause_rank_monitor_abort(resiliency: Resiliency) -> Any:
             return state
 
     return PauseRankMonitor()
+
+
+def _entering(listener: podloss.PodLossListener) -> Any:
+    """An NVRx `Initialize` step (run at the start of every restart iteration, on active and
+    inactive ranks) that tells the pod-loss listener where this rank stands."""
+    from nvidia_resiliency_ext.inprocess.initialize import Initialize
+
+    class EnterIteration(Initialize):  # type: ignore[misc]
+        def __call__(self, state: Any) -> Any:
+            listener.enter(state)
+            return state
+
+    return EnterIteration()
 
 
 def _patch_nvrx_initial_ranks() -> None:

@@ -7,7 +7,12 @@ rank now logs `timeline {...}` with the absolute Unix times at which it passed e
 benchmark (or a person) can split a restart exactly. Marks cost one `time.time()` each.
 
 Process-level marks (`process_start`, `main`, `imports`) are kept for the process's life; attempt
-marks are cleared by `begin_attempt()` (every in-process restart iteration is a new attempt).
+marks are cleared by `begin_attempt()` (every in-process restart iteration is a new attempt),
+which rtj_trainer.resiliency calls where an attempt begins: at the start of the training function
+(`attempt`; with in-process restart, when the wrapper enters it, then `session` once the rank
+monitor and the application store are reconnected); `rtj_trainer.trainer` marks the rest
+(`build`, `process_group`, `identity`, `checkpoint_chosen`, `model_built`, `state_loaded`,
+`first_step`).
 """
 
 from __future__ import annotations

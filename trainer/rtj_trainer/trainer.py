@@ -131,11 +131,17 @@ class Trainer:
             accepted_jobs=cfg.checkpoint.resume_from_jobs,
             keepalive=session.heartbeat,
         )
-        self._loaded = self.checkpointer.load_latest()
-        timeline.mark("checkpoint_chosen")
-        # A resume overwrites every parameter: skip building and initialising the full model.
-        self.model = parallel.build_model(cfg, ctx, initialise=self._loaded is None)
-        self.optimizer, self.scheduler = parallel.build_optimizer(cfg, self.model)
+        try:
+            self._loaded = self.checkpointer.load_latest()
+            timeline.mark("checkpoint_chosen")
+            # A resume overwrites every parameter: skip building and initialising the full model.
+            self.model = parallel.build_model(cfg, ctx, initialise=self._loaded is None)
+            self.optimizer, self.scheduler = parallel.build_optimizer(cfg, self.model)
+        except BaseException:
+            # An interrupted build (an in-process restart lands anywhere) still hands its
+            # writer back or stops it (checkpoint.ProcessWriter).
+            self.checkpointer.close(abort=True)
+            raise
         timeline.mark("model_built")
         self.ledger: Ledger | None = None
         self.current_step = 0
@@ -156,7 +162,7 @@ class Trainer:
     @classmethod
     def build(cls, cfg: Config, session: Session) -> Trainer:
         """Join the process group and build everything; on failure, give the device back."""
-        timeline.begin_attempt()
+        timeline.mark("build")
         ctx = parallel.init_distributed(cfg, session.launch, session.process_group_store())
         timeline.mark("process_group")
         try:

@@ -181,7 +181,8 @@ def restart_rank(p: _Pass, fault: DetectedFault) -> None:
     p.event("Warning", RecoveryAction.RANK_RESTART,
             f"Replacing the pod of node {index} ({fault.cause}): {fault.message}")
     if pod is not None:
-        p.delete_pod(pod, f"{fault.cause}: replacing it", grace_seconds=RECOVERY_GRACE_SECONDS)
+        p.replace_ended_pod(pod, f"{fault.cause}: replacing it",
+                            grace_seconds=RECOVERY_GRACE_SECONDS)
 
 
 def spare_takeover(p: _Pass, fault: DetectedFault, spare: int) -> None:
@@ -214,7 +215,7 @@ def _replace_as_spare(p: _Pass, index: int, why: str) -> None:
     p.waiting.add(index)
     p.rank(index, state=RankState.RESTARTING, restarts=_restarts_of(p, index) + 1)
     if pod is not None:
-        p.delete_pod(pod, why, grace_seconds=RECOVERY_GRACE_SECONDS)
+        p.replace_ended_pod(pod, why, grace_seconds=RECOVERY_GRACE_SECONDS)
 
 
 def restart_everything(p: _Pass, fault: DetectedFault, summary: str) -> None:

@@ -179,6 +179,9 @@ class _Pass:
         self.shared_clock: tuple[tuple[int, int], datetime | None] | None = None
         """`liveness._shared_clock` of this pass, with the (standby, incidents) counts it was
         computed for."""
+        self.freed: set[int] = set()
+        """Node indexes whose pod this pass deletes at once (it ended: `replace_ended_pod`):
+        their replacement is created in the same pass (rule 8)."""
 
     def restarts_within(self, action: RecoveryAction, since: datetime) -> int:
         """How many restarts of a kind the job spent since `since` (the budget window)."""
@@ -225,6 +228,21 @@ class _Pass:
             return
         self.actions.append(DeletePod(pod.name, pod.uid, grace_seconds=grace_seconds))
         self.event("Normal", "DeletedPod", f"Deleted pod {pod.name}: {why}")
+
+    def replace_ended_pod(self, pod: PodView, why: str, *, grace_seconds: int) -> None:
+        """Delete a pod to replace it. One whose containers have all ended (`Failed`: nothing of
+        it runs any more) goes at once (gracePeriodSeconds 0), so that its replacement takes the
+        name in this pass instead of the next one; any other pod gets `grace_seconds`."""
+        if pod.phase != "Failed" or pod.deleting or pod.node_index is None \
+                or pod.uid in self.lost:
+            self.delete_pod(pod, why, grace_seconds=grace_seconds)
+            return
+        if any(isinstance(a, DeletePod) and a.uid == pod.uid for a in self.actions):
+            return
+        self.actions.append(DeletePod(pod.name, pod.uid, force=True))
+        self.freed.add(pod.node_index)
+        self.event("Normal", "DeletedPod",
+                   f"Deleted pod {pod.name} at once (its containers have ended): {why}")
 
     def exclude_node(self, fault: DetectedFault) -> None:
         """New trainer pods avoid the node of this fault (status.excludedNodes); a node already

@@ -12,7 +12,7 @@ Each module's docstring says why it is shaped as it is. The names below are the 
 face.
 """
 
-from .checkpointer import Checkpointer, CheckpointStats, LoadedCheckpoint
+from .checkpointer import Checkpointer, CheckpointStats, LoadedCheckpoint, ProcessWriter
 from .format import (
     FORMAT_VERSION,
     MANIFEST,
@@ -75,6 +75,7 @@ __all__ = [
     "HostStaging",
     "LoadedCheckpoint",
     "Manifest",
+    "ProcessWriter",
     "ResumePlan",
     "ShardRecord",
     "TensorLayout",

@@ -127,6 +127,75 @@ class LoadedCheckpoint:
     """"store" (the shared store) or "local" (every rank's node-local copy)."""
 
 
+def _spawn_writer(rank: int) -> Any:
+    """A new NVRx persistent writer: its queue, the process spawned and its first request sent
+    (`arm_writer`: die with this trainer)."""
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import (
+        AsyncCallsQueue,
+        AsyncRequest,
+        PersistentAsyncCaller,
+    )
+
+    queue = AsyncCallsQueue(persistent=True, cpu_shm_mode=True)
+    # NVRx asks torch.distributed for the rank (for its log lines) unless told: a warm spare
+    # starts its writer before any process group exists.
+    queue.persistent_caller = PersistentAsyncCaller(cpu_shm_mode=True)
+    queue.persistent_caller.rank = rank
+    queue.schedule_async_request(AsyncRequest(arm_writer, (os.getpid(),), []))
+    log.info("checkpoint writer process %d started", queue.persistent_caller.process.pid,
+             extra={"rank": rank})
+    return queue
+
+
+def _writer_alive(queue: Any) -> bool:
+    caller = queue.persistent_caller
+    process = caller.process if caller is not None else None
+    return process is not None and process.is_alive()
+
+
+class ProcessWriter:
+    """The process's one NVRx persistent writer, kept across in-process restarts while idle.
+
+    Why: NVRx's writer is a spawned Python process that imports torch, seconds of CPU. Every
+    in-process restart used to kill each rank's writer (the wrapper's
+    `AbortPersistentCheckpointProcesses`) and spawn a new one in the next attempt, so a warm
+    spare's takeover put one such start-up per rank on the cores exactly while the new attempt
+    built its process group and ran its first step (measured on the 2-core CPU benchmark: the
+    first step took 2 s instead of 0.2 s, and once a gloo collective timed out and cost a
+    second restart). Now an attempt that ends by an in-process restart hands its writer back
+    when no write is in flight (`Checkpointer.close(abort=True)`: the next attempt stages into
+    the same buffer, so a writer still reading it is killed as before), the next attempt takes
+    it, and a process can start its writer before its first attempt (`prestart`: a warm spare
+    does it while it waits)."""
+
+    _kept: Any = None
+
+    @classmethod
+    def prestart(cls, rank: int) -> None:
+        """Spawn this process's writer now (once)."""
+        if cls._kept is None:
+            cls._kept = _spawn_writer(rank)
+
+    @classmethod
+    def take(cls, rank: int) -> Any:
+        """The kept writer if it still runs, else a new one."""
+        queue, cls._kept = cls._kept, None
+        if queue is not None and _writer_alive(queue):
+            return queue
+        if queue is not None:
+            with contextlib.suppress(Exception):
+                queue.close(abort=True)
+        return _spawn_writer(rank)
+
+    @classmethod
+    def keep(cls, queue: Any) -> None:
+        """Hand back an idle writer for the next attempt of this process."""
+        if cls._kept is not None and cls._kept is not queue:
+            with contextlib.suppress(Exception):
+                cls._kept.close(abort=True)
+        cls._kept = queue
+
+
 class Checkpointer:
     """Save/poll/load for one rank. All ranks call `save` at the same steps and `load` together;
     `poll` is local (no collectives) and is called every step."""
@@ -182,15 +251,19 @@ class Checkpointer:
 
     def _async_queue(self) -> Any:
         if self._queue is None:
-            from nvidia_resiliency_ext.checkpointing.async_ckpt.core import (
-                AsyncCallsQueue,
-                AsyncRequest,
-            )
-
-            self._queue = AsyncCallsQueue(persistent=True, cpu_shm_mode=True)
-            # Spawn the writer now (not at the first save) and tie its life to ours at once.
-            self._queue.schedule_async_request(AsyncRequest(arm_writer, (os.getpid(),), []))
+            self._queue = ProcessWriter.take(self.rank)
         return self._queue
+
+    def _writer_idle(self) -> bool:
+        """Whether this rank's writer runs and has no write of this attempt in flight (only its
+        start-up request may still be unanswered: it touches no buffer)."""
+        if self._queue is None:
+            return False
+        try:
+            self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
+        except Exception:  # a failed write, a writer gone: not one to keep
+            return False
+        return _writer_alive(self._queue) and all(p.written for p in self._pending)
 
     def _keep_alive(self) -> None:
         now = time.monotonic()
@@ -506,11 +579,11 @@ class Checkpointer:
             self._committer.stop()
             self._committer = None
         if self._queue is not None:
-            if abort:
-                # The in-process wrapper's abort (AbortPersistentCheckpointProcesses, another
-                # thread) may be closing the same NVRx worker right now; NVRx's close is not
-                # thread-safe (it can find the process gone halfway: AttributeError on None).
-                with contextlib.suppress(AttributeError):
+            if abort and self._writer_idle():
+                ProcessWriter.keep(self._queue)  # the next attempt's (ProcessWriter)
+            elif abort:
+                # A write may still read the staging buffer, which the next attempt reuses.
+                with contextlib.suppress(Exception):
                     self._queue.close(abort=True)
             else:
                 self._wait_for_local_write()
