@@ -204,6 +204,8 @@ class Simulator:
     def __init__(self, api: Api, nodes: list[str], procs: int) -> None:
         self.api = api
         self.free_nodes = list(nodes)
+        self.shared_node = nodes[0]
+        """Where rendezvous pods are bound (they need no node of their own)."""
         self.procs = procs
         self.pods: dict[str, SimPod] = {}
         """By UID: every pod bound and not yet gone."""
@@ -258,12 +260,15 @@ class Simulator:
     async def start_pod(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
         uid = meta["uid"]
-        if uid in self.pods or uid in self.pending or not self.free_nodes:
+        labels = meta.get("labels") or {}
+        trainer = labels.get(ROLE_LABEL) == "trainer"
+        if uid in self.pods or uid in self.pending or (trainer and not self.free_nodes):
             return
         self.pending.add(uid)
         try:
-            labels = meta.get("labels") or {}
-            node = self.free_nodes.pop(0)
+            # A trainer pod takes a whole p5 node (all its GPUs); a rendezvous pod (a small CPU
+            # request) shares a node with whatever runs there, as on a real cluster.
+            node = self.free_nodes.pop(0) if trainer else self.shared_node
             index = labels.get(INDEX_LABEL)
             attempt = labels.get(ATTEMPT_LABEL)
             pod = SimPod(namespace=meta["namespace"], name=meta["name"], uid=uid,
@@ -308,7 +313,8 @@ class Simulator:
         if pod is not None:
             if pod.server is not None:
                 pod.server.close()
-            self.free_nodes.append(pod.node)
+            if pod.role == "trainer":
+                self.free_nodes.append(pod.node)
 
     async def kubelet(self) -> None:
         """Watch the jobs' pods for ever (re-opening the watch when it ends)."""
