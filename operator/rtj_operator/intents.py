@@ -38,8 +38,8 @@ class DeletePod:
     uid: str
     force: bool = False
     """Delete at once (gracePeriodSeconds 0): only for a pod whose node is lost, whose kubelet
-    can never confirm a graceful delete, or one whose containers have all ended (`Failed`),
-    whose name its replacement takes in the same pass."""
+    can never confirm a graceful delete, or one whose containers have all ended (`Failed`:
+    nothing is left to stop)."""
     grace_seconds: int | None = None
     """gracePeriodSeconds for a graceful delete (None: the pod's own). Fault recovery uses a
     short one (`recovery.RECOVERY_GRACE_SECONDS`): the trainers answer SIGTERM by committing a

@@ -262,8 +262,7 @@ def create_missing(p: _Pass) -> None:
     )
     if not rendezvous_up:
         return
-    # A pod deleted at once in this pass (it ended) frees its name now: replace it now.
-    missing = [i for i in range(p.pods) if i not in pods or i in p.freed]
+    missing = [i for i in range(p.pods) if i not in pods]
     if missing and p.spec.fault_tolerance.fault_injection == "Enabled":
         p.event("Warning", "FaultInjectionArmed",
                 "faultTolerance.faultInjection is Enabled: the faults in TRAINER_FAULTS will "

@@ -179,9 +179,6 @@ class _Pass:
         self.shared_clock: tuple[tuple[int, int], datetime | None] | None = None
         """`liveness._shared_clock` of this pass, with the (standby, incidents) counts it was
         computed for."""
-        self.freed: set[int] = set()
-        """Node indexes whose pod this pass deletes at once (it ended: `replace_ended_pod`):
-        their replacement is created in the same pass (rule 8)."""
 
     def restarts_within(self, action: RecoveryAction, since: datetime) -> int:
         """How many restarts of a kind the job spent since `since` (the budget window)."""
@@ -231,8 +228,12 @@ class _Pass:
 
     def replace_ended_pod(self, pod: PodView, why: str, *, grace_seconds: int) -> None:
         """Delete a pod to replace it. One whose containers have all ended (`Failed`: nothing of
-        it runs any more) goes at once (gracePeriodSeconds 0), so that its replacement takes the
-        name in this pass instead of the next one; any other pod gets `grace_seconds`."""
+        it runs any more) goes at once (gracePeriodSeconds 0) instead of after a grace period;
+        any other pod gets `grace_seconds`. The replacement is created by the next pass (the
+        pod's deletion wakes the job's loop), never in this one: this pass's status write, with
+        the incident and the budget record, comes first, so an operator killed in between
+        finds the pod missing and records the fault again instead of a replacement whose cause
+        is lost."""
         if pod.phase != "Failed" or pod.deleting or pod.node_index is None \
                 or pod.uid in self.lost:
             self.delete_pod(pod, why, grace_seconds=grace_seconds)
@@ -240,7 +241,6 @@ class _Pass:
         if any(isinstance(a, DeletePod) and a.uid == pod.uid for a in self.actions):
             return
         self.actions.append(DeletePod(pod.name, pod.uid, force=True))
-        self.freed.add(pod.node_index)
         self.event("Normal", "DeletedPod",
                    f"Deleted pod {pod.name} at once (its containers have ended): {why}")
 
