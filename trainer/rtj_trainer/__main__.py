@@ -79,10 +79,18 @@ def _is_local_rank_zero() -> bool:
     return os.environ.get("LOCAL_RANK", "0") in ("", "0")
 
 
-def report_termination(message: termination.TerminationMessage) -> None:
-    """Local rank 0 writes the pod's termination message (when the operator asked for one)."""
+def report_termination(message: termination.TerminationMessage, *,
+                       any_rank: bool = False) -> None:
+    """Local rank 0 writes the pod's termination message (when the operator asked for one).
+    With `any_rank` (a fatal error) another local rank writes it too when none is written yet:
+    the first worker to exit with the fatal code makes the launcher shim stop the others, and
+    its own message ("worker rank N exited with code 94") would otherwise hide the reason when
+    local rank 0 had not reached the error yet (under warm workers, a worker whose warm process
+    is still importing starts later than the others)."""
     path = termination.configured_path()
-    if path is None or not _is_local_rank_zero():
+    if path is None:
+        return
+    if not _is_local_rank_zero() and not (any_rank and not termination.is_written(path)):
         return
     try:
         termination.write(path, message)
@@ -96,7 +104,7 @@ def fatal(exc: FatalError) -> int:
     report_termination(termination.TerminationMessage(
         outcome=termination.FAILED, reason=exc.reason, message=str(exc),
         exit_code=FATAL_EXIT_CODE,
-    ))
+    ), any_rank=True)
     return FATAL_EXIT_CODE
 
 
