@@ -5,6 +5,7 @@ anti-affinity of later pods, `podStartTimeoutSeconds` and the `PodsNotStarting` 
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -102,6 +103,21 @@ def test_a_pod_on_a_lost_node_that_still_beats_is_left_alone() -> None:
     observed = world(trainer(0), trainer(1, deleting=True, **LOST_NODE), rdzv=rendezvous())
     two = then(one, j, observed, now=later, liveness=beats(later))
     assert deletes(two) == []
+
+
+def test_a_pod_on_a_lost_node_whose_last_read_is_old_is_force_deleted() -> None:
+    """A pod deleted while its node is partitioned is not read any more (Terminating, frozen):
+    the job's loop keeps its last read, fresh when it was taken. That read is no evidence that
+    the pod still runs a minute later: once it is older than heartbeatTimeoutSeconds, the pod
+    is lost and force-deleted (e2e test_a_pod_deleted_while_its_node_is_partitioned...)."""
+    j = job()
+    one = running(j)
+    later = AFTER + timedelta(seconds=60)
+    live = beats(later)
+    live[1] = dataclasses.replace(beats(AFTER)[1], read_time=AFTER.timestamp())
+    observed = world(trainer(0), trainer(1, deleting=True, **LOST_NODE), rdzv=rendezvous())
+    two = then(one, j, observed, now=later, liveness=live)
+    assert ("tiny-1", True) in deletes(two)
 
 
 def test_a_pod_being_replaced_on_a_node_lost_since_is_force_deleted_without_a_new_fault() -> None:

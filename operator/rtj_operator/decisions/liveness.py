@@ -123,8 +123,13 @@ def lost_pods(p: _Pass) -> None:
     second pod of its name would join the job beside it), and the rendezvous pod on a lost node
     (the trainers reach the rendezvous through its Service, never the old pod). Runs before
     every rule: suspending, failing or finishing a job force-deletes these pods too."""
+    limit = timedelta(seconds=p.spec.fault_tolerance.heartbeat_timeout_seconds)
     for index, pod in p.observed.trainer_pods.items():
-        if pod.node_lost and not _beating(p, index):
+        # Measured against now, not at the pod's last read: a pod on a lost node is not read
+        # any more (it does not answer, or it is Terminating), and its last read, however
+        # fresh then, is no evidence that it still runs.
+        beat = _node_heartbeat(p, index)
+        if pod.node_lost and (beat is None or p.now - beat > limit):
             p.lost[pod.uid] = pod.node_name or ""
     rendezvous = p.observed.rendezvous_pod
     if rendezvous is not None and rendezvous.node_lost:
