@@ -275,7 +275,10 @@ async def cleanup(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **kwargs:
         keep_claims=keep_claims, timeout=SETTINGS.api_request_timeout_seconds,
     )
     now = reconcile.now_utc()
-    pods = list(kwargs["job_pods"].get((namespace, name), []))
+    # Only pods that may still run are waited for: one that ended (Succeeded, Failed) has
+    # nothing left to commit.
+    pods = [pod for pod in kwargs["job_pods"].get((namespace, name), [])
+            if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
     if pods and not deletion_wait_over(body, now):
         raise kopf.TemporaryError(
             f"waiting for {len(pods)} pod(s) to end: the trainers commit a checkpoint of their "

@@ -161,25 +161,39 @@ def test_inprocess_restart_recovers_an_exception_in_the_same_processes(
     assert len({e["pid"] for e in losses}) == 1  # rank 0 never left its process
     _assert_same_losses(losses, fault_free)
     assert "RankShouldRestart" in out
-    # Each rank's checkpoint writer outlived the restart (it was idle): one start per rank.
-    started = [ln for ln in out.splitlines() if "checkpoint writer process" in ln]
-    assert len(started) == 2, started
+    # A rank's checkpoint writer that was idle at the restart outlived it; one still writing
+    # (the step-5 save, a few milliseconds of tiny steps earlier, on a loaded machine) was
+    # replaced. Both ranks said which, and only the replaced ones started a writer again.
+    lines = out.splitlines()
+    started = [ln for ln in lines if "checkpoint writer process" in ln]
+    kept = [ln for ln in lines if "checkpoint writer kept for the next attempt" in ln]
+    stopped = [ln for ln in lines if "checkpoint writer stopped: a write was in flight" in ln]
+    assert len(kept) + len(stopped) == 2, (kept, stopped)
+    assert len(started) == 2 + len(stopped), (started, stopped)
 
 
 def test_inprocess_restart_stops_a_writer_that_is_still_writing(
     tmp_path: Path, fault_free: dict[int, float]
 ) -> None:
-    """Writes take 2 s, so both writers are still writing the step-10 save when rank 1 fails at
-    step 11: the next attempt stages into the same buffer, so they are stopped (not kept) and
-    new ones start; the step-10 save is never committed and the job resumes from step 5."""
+    """Writes take 2 s, so rank 1's writer is still writing the step-10 save when rank 1 fails at
+    step 11: the next attempt stages into the same buffer, so it is stopped (not kept) and a new
+    one starts; the step-10 save is never committed and the job resumes from step 5."""
     out = _run(tmp_path, faults="11:1:exception",
                extra_env={"RTJ_INPROCESS_RESTART": "1", "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "60"},
                args=("--set", "checkpoint.test_write_delay_seconds=2"))
     assert _summary(out)["restarts"] == {"inprocess": 1, "launcher": 0, "pod": 0}
     assert "resumed from step-000000005" in out
     _assert_same_losses(_losses(tmp_path), fault_free)
-    started = [ln for ln in out.splitlines() if "checkpoint writer process" in ln]
-    assert len(started) == 4, started
+    # Rank 1 failed mid-write: its writer was stopped and a new one started. Rank 0 learns of
+    # the failure later (NVRx's monitor; seconds on a loaded machine), when its 2 s write may
+    # have finished: then its writer is idle and kept. Each replaced writer started once more.
+    lines = out.splitlines()
+    stopped = [ln for ln in lines if "checkpoint writer stopped: a write was in flight" in ln]
+    kept = [ln for ln in lines if "checkpoint writer kept for the next attempt" in ln]
+    assert any("rank 1]" in ln for ln in stopped), (stopped, kept)
+    assert len(stopped) + len(kept) == 2, (stopped, kept)
+    started = [ln for ln in lines if "checkpoint writer process" in ln]
+    assert len(started) == 2 + len(stopped), (started, stopped)
 
 
 def _free_port() -> int:
@@ -378,7 +392,13 @@ def test_warm_workers_replace_a_killed_worker_and_the_losses_are_unchanged(
     summary = _summary(out)
     assert summary["restarts"] == {"inprocess": 0, "launcher": 1, "pod": 0}
     assert summary["last_committed_step"] == STEPS
-    assert "failed (exitcode: -9) local_rank: 1" in out
+    # The fault fired in rank 1 (its marker), and the launcher saw a worker of the group fail:
+    # rank 1 dead of SIGKILL, or, when its monitor polled after rank 0 noticed the broken gloo
+    # connection first, rank 0's error exit.
+    assert sorted(p.name for p in (tmp_path / "faults").iterdir()) == ["step8-rank1-sigkill"]
+    seen = re.findall(r"failed \(exitcode: (-?\d+)\) local_rank: (\d)", out)
+    assert seen and seen[0] in (("-9", "1"), ("1", "0")), (
+        seen, [ln for ln in out.splitlines() if "exitcode" in ln or "rtj-warm" in ln])
     attached = _ATTACHED.findall(out)
     assert len(attached) == 4, out[-6000:]  # both ranks, both attempts
     warm_pids = {int(warm) for _, warm in attached}

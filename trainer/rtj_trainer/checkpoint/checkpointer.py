@@ -581,8 +581,12 @@ class Checkpointer:
         if self._queue is not None:
             if abort and self._writer_idle():
                 ProcessWriter.keep(self._queue)  # the next attempt's (ProcessWriter)
+                log.info("checkpoint writer kept for the next attempt (idle)",
+                         extra={"rank": self.rank})
             elif abort:
                 # A write may still read the staging buffer, which the next attempt reuses.
+                log.info("checkpoint writer stopped: a write was in flight",
+                         extra={"rank": self.rank})
                 with contextlib.suppress(Exception):
                     self._queue.close(abort=True)
             else:
