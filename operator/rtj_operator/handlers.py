@@ -87,6 +87,13 @@ def remember_stop(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         stop_memory.record(body, reconcile.now_utc())
 
 
+def _int_or_zero(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
 ANNOUNCED_KEEP_SECONDS = 3600.0
 """How long the operator remembers a pod it announced lost (one announcement per pod)."""
 
@@ -112,6 +119,8 @@ async def announce_pod_loss(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Me
             body, naming.TRAINER_CONTAINER, podloss.IN_PROCESS_RESTART_ENV) == "1",
         peers=[observe.pod_view(peer) for peer in kwargs["job_pods"].get(key, [])],
         already_announced=pod.uid in announced,
+        spares=_int_or_zero(observe.container_env(body, naming.TRAINER_CONTAINER,
+                                                  podloss.SPARES_ENV)),
     )
     if verdict is None:
         return

@@ -151,7 +151,7 @@ def test_the_trainers_endpoint_takes_the_operators_announcement_of_a_lost_pod(
     peer = PodView(name="llama-0", uid="uid-0", role="trainer", node_index=0, phase="Running",
                    pod_ip="127.0.0.1")
     verdict = announcing.announcement(lost, in_process_restart=True, peers=[lost, peer],
-                                      already_announced=False)
+                                      already_announced=False, spares=1)
     assert verdict is not None
 
     async def announce() -> int:

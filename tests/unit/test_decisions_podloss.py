@@ -28,7 +28,7 @@ PEERS = [pod(0), pod(1, phase="Failed"), pod(2), pod(3, phase="Pending", ip=None
 
 def test_a_failed_trainer_pod_is_announced_to_the_running_trainer_pods_beside_it() -> None:
     verdict = podloss.announcement(pod(1, phase="Failed"), in_process_restart=True, peers=PEERS,
-                                   already_announced=False)
+                                   already_announced=False, spares=1)
     assert verdict == AnnouncePodLoss(uid="uid-1", name="job-1", cause="PodFailed",
                                       peers=("127.0.0.10", "127.0.0.12"))
     assert verdict.document() == {"pods": [{"uid": "uid-1", "name": "job-1",
@@ -48,20 +48,26 @@ def test_a_failed_trainer_pod_is_announced_to_the_running_trainer_pods_beside_it
 def test_nothing_else_is_announced(lost: PodView, in_process: bool, announced: bool,
                                    why: str) -> None:
     assert podloss.announcement(lost, in_process_restart=in_process, peers=PEERS,
-                                already_announced=announced) is None, why
+                                already_announced=announced, spares=1) is None, why
+
+
+def test_a_job_without_warm_spares_is_not_told() -> None:
+    """No spare can fill the lost ranks: the launchers restart with the replacement pod."""
+    assert podloss.announcement(pod(1, phase="Failed"), in_process_restart=True, peers=PEERS,
+                                already_announced=False, spares=0) is None
 
 
 def test_a_failed_pod_with_no_running_peer_is_not_announced() -> None:
     peers = [pod(0, phase="Failed"), pod(1, phase="Failed"), pod(2, deleting=True)]
     assert podloss.announcement(pod(1, phase="Failed"), in_process_restart=True, peers=peers,
-                                already_announced=False) is None
+                                already_announced=False, spares=1) is None
 
 
 def test_a_replacement_with_the_lost_pods_name_is_told_but_the_lost_pod_is_not() -> None:
     """Peers are pods (UIDs), not names: the new `job-1` already running is told."""
     peers = [pod(0), pod(1, phase="Failed"), pod(1, uid="uid-1b", ip="127.0.0.99")]
     verdict = podloss.announcement(pod(1, phase="Failed"), in_process_restart=True, peers=peers,
-                                   already_announced=False)
+                                   already_announced=False, spares=1)
     assert verdict is not None and verdict.peers == ("127.0.0.10", "127.0.0.99")
 
 

@@ -24,6 +24,8 @@ from rtj_operator.api.status import IncidentCause
 from rtj_operator.intents import AnnouncePodLoss
 from rtj_operator.observed import PodView
 
+SPARES_ENV = "RTJ_SPARE_NODES"
+"""The trainer variable (builders.trainer_env) with the job's number of warm spare pods."""
 IN_PROCESS_RESTART_ENV = "RTJ_INPROCESS_RESTART"
 """The trainer variable (builders.trainer_env) that says the pod's workers run NVRx's in-process
 wrapper: only they can use an announcement."""
@@ -35,13 +37,17 @@ def announcement(
     in_process_restart: bool,
     peers: Iterable[PodView],
     already_announced: bool,
+    spares: int = 0,
 ) -> AnnouncePodLoss | None:
     """What to tell whom after a watch event that shows `pod` (None: nothing).
 
     `peers` are the job's pods as the operator's watch cache has them; the running trainer
-    pods among them other than `pod` are told."""
-    if (already_announced or not in_process_restart or pod.role != naming.ROLE_TRAINER
-            or pod.phase != "Failed"):
+    pods among them other than `pod` are told. Only a job with warm spares (`spares`, the
+    pods' RTJ_SPARE_NODES) is told: without a spare to fill the lost ranks, marking them
+    terminated lets NVRx's wrapper go on with a smaller world (measured: the job finished with
+    a NaN loss), where the launchers must restart with the replacement pod instead."""
+    if (already_announced or not in_process_restart or spares <= 0
+            or pod.role != naming.ROLE_TRAINER or pod.phase != "Failed"):
         return None
     targets = sorted({
         peer.pod_ip for peer in peers
