@@ -66,7 +66,6 @@ def stuck_passes(in_flight: dict[str, float], now: float, limit: float) -> list[
 
 
 IndexKey = tuple[str | None, str]
-finished_and_idle = jobloop.finished_and_idle
 
 
 # Async (not plain def) so that kopf calls them in the event loop, not through a worker thread:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.exposition import generate_latest
-from rtj_operator import handlers, observe, reconcile
+from rtj_operator import jobloop, observe, reconcile
 from rtj_operator.api.status import RankStatus, compact_ranks
 from rtj_operator.intents import CreateObject, DeletePod
 from rtj_operator.scraping import node_liveness_from_json
@@ -113,7 +113,7 @@ def test_progress_alone_is_not_a_meaningful_status_change() -> None:
 def test_a_finished_job_without_pods_or_ttl_costs_no_pass(
     state: str | None, pods: int, ttl: int | None, idle: bool
 ) -> None:
-    assert handlers.finished_and_idle(state, pods, ttl) is idle
+    assert jobloop.finished_and_idle(state, pods, ttl) is idle
 
 
 def test_a_pass_lists_while_the_watch_cache_lags_behind_its_own_writes() -> None:
@@ -138,8 +138,8 @@ def test_a_create_refused_by_admission_is_not_expected_in_the_watch_cache() -> N
 
 
 def test_a_finished_queued_job_gets_passes_until_its_workload_is_seen_finished() -> None:
-    assert not handlers.finished_and_idle("Succeeded", 0, None, workload_pending=True)
-    assert handlers.finished_and_idle("Succeeded", 0, None, workload_pending=False)
+    assert not jobloop.finished_and_idle("Succeeded", 0, None, workload_pending=True)
+    assert jobloop.finished_and_idle("Succeeded", 0, None, workload_pending=False)
 
 
 def test_a_created_workload_is_not_expected_in_the_watch_caches_of_pods_services_and_claims(
