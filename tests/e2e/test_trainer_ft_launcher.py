@@ -172,6 +172,24 @@ def test_inprocess_restart_recovers_an_exception_in_the_same_processes(
     assert len(started) == 2 + len(stopped), (started, stopped)
 
 
+def test_inprocess_restart_catches_a_hang_by_its_soft_timeout(tmp_path: Path) -> None:
+    """One rank (no peer whose collective timeout could raise for it) stops making progress while
+    alive: the in-process wrapper's soft timeout (4 s) restarts it in its process, long before
+    the rank monitor's 60 s heartbeat timeout would have the launcher restart it. (NVRx checks the
+    timeouts only when the rank sent nothing for a monitor interval; with the watchdog's interval
+    equal to it the check hardly ever ran and a hang always became a launcher restart.)"""
+    out = _run(tmp_path, faults="8:0:hang",
+               extra_env={"RTJ_INPROCESS_RESTART": "1", "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "60",
+                          "RTJ_NPROC_PER_NODE": "1"},
+               args=("--set", "resiliency.inprocess_soft_timeout_seconds=4"))
+    assert _summary(out)["restarts"] == {"inprocess": 1, "launcher": 0, "pod": 0}
+    assert "Interruption.SOFT_TIMEOUT" in out
+    assert "Did not get subsequent heartbeat" not in out
+    losses = _losses(tmp_path)
+    assert len({e["pid"] for e in losses}) == 1  # the rank never left its process
+    assert [e["step"] for e in losses if e["attempt"] == losses[-1]["attempt"]][-1] == STEPS
+
+
 def test_inprocess_restart_stops_a_writer_that_is_still_writing(
     tmp_path: Path, fault_free: dict[int, float]
 ) -> None:

@@ -249,6 +249,7 @@ class Resiliency:
         _patch_nvrx_initial_ranks()
         res = self.cfg.resiliency
         soft = self._soft_timeout()
+        watchdog = min(1.0, soft / 4)
         on_cuda = self.cfg.train.device != "cpu" and torch.cuda.is_available()
         if on_cuda:
             # Abort the communicator on an NCCL error but keep the process: the wrapper restarts
@@ -280,10 +281,14 @@ class Resiliency:
             "barrier_timeout": timedelta(seconds=soft * 4 + 60),
             "completion_timeout": timedelta(seconds=soft * 4 + 60),
             "last_call_wait": timedelta(seconds=0.2),
-            "monitor_process_interval": timedelta(seconds=min(1.0, soft / 4)),
+            # NVRx's monitor process checks the soft and hard timeouts only after an interval
+            # with no message from the rank; the progress watchdog sends one every interval (and
+            # every ping): with equal intervals the checks hardly ever ran and a hang was left
+            # to the rank monitor (a launcher restart). Half the watchdog's interval leaves room.
+            "monitor_process_interval": timedelta(seconds=watchdog / 2),
             # How soon the other ranks notice a fault (one store read each per interval).
             "monitor_thread_interval": timedelta(seconds=min(0.5, soft / 4)),
-            "progress_watchdog_interval": timedelta(seconds=min(1.0, soft / 4)),
+            "progress_watchdog_interval": timedelta(seconds=watchdog),
             "heartbeat_interval": timedelta(seconds=min(1.0, soft / 4)),
         }
         if res.spare_nodes:
