@@ -20,6 +20,9 @@ Why these values (NVRx 0.7.0; docs/nvrx.md):
   operator answers with a RankRestart. So each launcher gets its own in-pod budget plus the
   job's rank-restart budget; the operator's windowed budgets, not a launcher's lifetime count,
   decide when the job escalates.
+- `--ft-gpu-memory-poll-interval=0.1` (GPU jobs): after stopping its workers the launcher waits
+  until NVML shows the GPUs' memory freed, polling every 2 s by default; the first poll usually
+  still sees the exiting workers, so every launcher restart paid 2 s for nothing.
 - No `--ft-checkpoint-iteration-file`: NVRx's no-progress tracker would exit 93 after three
   restarts without a new checkpoint, ending a job that crashes before its first checkpoint
   outside the operator's ladder. The operator's progress timeout covers the same ground.
@@ -36,6 +39,9 @@ MONITOR_INTERVAL_SECONDS = 0.3
 WORKERS_STOP_TIMEOUT_SECONDS = 5
 GPU_MEMORY_RECLAIM_TIMEOUT_SECONDS = 50
 """ft_launcher's default wait for GPU memory to be freed between worker restarts."""
+GPU_MEMORY_POLL_INTERVAL_SECONDS = 0.1
+"""How often ft_launcher reads NVML during that wait (NVRx default 2 s: the freed memory was
+seen 2 s after the workers exited in every launcher restart on an H200, docs/benchmarks.md)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +73,8 @@ def ft_flags(s: LauncherSettings) -> list[str]:
         f"--ft-workload-check-interval={_number(WORKLOAD_CHECK_INTERVAL_SECONDS)}",
         # Without GPUs there is no memory to wait for (and no NVML to ask).
         f"--ft-gpu-memory-reclaim-timeout={reclaim}",
+        *([f"--ft-gpu-memory-poll-interval={_number(GPU_MEMORY_POLL_INTERVAL_SECONDS)}"]
+          if reclaim else []),
     ]
 
 

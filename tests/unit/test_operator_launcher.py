@@ -66,6 +66,7 @@ def test_ft_launcher_argv_for_a_p5_job() -> None:
         "--ft-rank-heartbeat-timeout=90",
         "--ft-workload-check-interval=1",
         "--ft-gpu-memory-reclaim-timeout=50",
+        "--ft-gpu-memory-poll-interval=0.1",
         "--no-python",
         "python", "-m", "rtj_trainer", "--preset", "7b",
     ]
@@ -84,6 +85,7 @@ def test_a_cpu_job_does_not_wait_for_gpu_memory() -> None:
               resources={"requests": {"cpu": "4"}, "limits": {}})
     argv = trainer_argv(cpu, OperatorSettings())
     assert "--ft-gpu-memory-reclaim-timeout=0" in argv
+    assert not any(a.startswith("--ft-gpu-memory-poll-interval") for a in argv)
     assert "--nproc-per-node=2" in argv
 
 
