@@ -195,12 +195,13 @@ def test_inprocess_restart_stops_a_writer_that_is_still_writing(
 ) -> None:
     """Writes take 2 s, so rank 1's writer is still writing the step-10 save when rank 1 fails at
     step 11: the next attempt stages into the same buffer, so it is stopped (not kept) and a new
-    one starts; the step-10 save is never committed and the job resumes from step 5."""
+    one starts. The step-10 save is never committed, yet every rank still holds it in its staging
+    buffer: the job resumes from step 10 from memory, not from the step-5 commit."""
     out = _run(tmp_path, faults="11:1:exception",
                extra_env={"RTJ_INPROCESS_RESTART": "1", "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "60"},
                args=("--set", "checkpoint.test_write_delay_seconds=2"))
     assert _summary(out)["restarts"] == {"inprocess": 1, "launcher": 0, "pod": 0}
-    assert "resumed from step-000000005" in out
+    assert "resumed from step-000000010" in out and "from the staging copy in memory" in out
     _assert_same_losses(_losses(tmp_path), fault_free)
     # Rank 1 failed mid-write: its writer was stopped and a new one started. Rank 0 learns of
     # the failure later (NVRx's monitor; seconds on a loaded machine), when its 2 s write may

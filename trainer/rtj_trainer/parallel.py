@@ -234,7 +234,9 @@ def _into_template(template: Any, saved: Any, where: str) -> Any:
         pairs = enumerate(zip(template, saved, strict=True))
         return [_into_template(t, s, f"{where}[{i}]") for i, (t, s) in pairs]
     if isinstance(template, torch.Tensor) and isinstance(saved, torch.Tensor):
-        return saved.to(device=template.device, dtype=template.dtype)
+        # Always a copy: a saved tensor may be a view of the staging buffer (a resume from
+        # memory), which the optimizer would otherwise update in place (Adam's `step`).
+        return saved.to(device=template.device, dtype=template.dtype, copy=True)
     return saved
 
 

@@ -52,6 +52,8 @@ STEP_COMPLETED_AT = "step_completed_at"
 NEXT_STEP = "next_step"
 FINGERPRINT = "fingerprint"
 LOSSES_FILE = "losses.jsonl"
+_FROM = {"local": " from the node-local copies", "memory": " from the staging copy in memory"}
+"""How the resume log names where a checkpoint was read from (the shared store: nothing)."""
 
 
 def _agree_on_identity(cfg: Config, session: Session, ctx: parallel.DistributedContext) -> tuple[
@@ -214,7 +216,7 @@ class Trainer:
             timeline.mark("state_loaded")
             if self.rank == 0:
                 log.info("resumed from %s (step %d)%s%s", loaded.directory.name, self.current_step,
-                         " from the node-local copies" if loaded.source == "local" else "",
+                         _FROM.get(loaded.source, ""),
                          f"; rejected: {list(loaded.rejected)}" if loaded.rejected else "")
         self.ledger = _reconcile_ledger(self.cfg, self.session, self._pod_attempts, completed_at,
                                         resumed_step, self.rank)

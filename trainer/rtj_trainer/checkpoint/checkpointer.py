@@ -28,6 +28,7 @@ Why this shape:
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 import os
@@ -60,7 +61,15 @@ from .local import (
     local_copy_dir,
     remove_partial_copies,
 )
-from .staging import HostStaging, flatten_state, plan_layout, stage_to_host
+from .staging import (
+    HostStaging,
+    Staged,
+    flatten_state,
+    plan_layout,
+    stage_to_host,
+    tensor_views,
+    unflatten_state,
+)
 from .store import (
     BackgroundDeleter,
     CommitOutcome,
@@ -124,7 +133,8 @@ class LoadedCheckpoint:
     state: dict[str, Any]
     rejected: tuple[str, ...]
     source: str = "store"
-    """"store" (the shared store) or "local" (every rank's node-local copy)."""
+    """"store" (the shared store), "local" (every rank's node-local copy) or "memory" (every
+    rank's staging buffer, after an in-process restart)."""
 
 
 def _spawn_writer(rank: int) -> Any:
@@ -301,6 +311,8 @@ class Checkpointer:
         directory = self.root / checkpoint_dir_name(step, self.identity)
         directory.mkdir(parents=True, exist_ok=True)
         skeleton, layout, blob = stage_to_host(state, self.device, self._staging)
+        self._staging.staged = Staged(step, self.identity, self.rank, self.world_size, skeleton,
+                                      layout)
         copied = time.perf_counter()
         args = (
             str(directory / shard_file_name(self.rank, self.world_size)),
@@ -489,8 +501,11 @@ class Checkpointer:
         if plan.committed is not None and self.stats.committed_step < 0:
             self.stats.committed_step, self.stats.committed_at = plan.committed
         records = dict(zip((name for name, _ in plan.candidates), plan.records, strict=True))
+        newest_committed = max((step_of(n) or -1 for n, _ in plan.candidates), default=-1)
+        staged = self._load_staged(newest_committed, records)
+        if staged is not None:
+            return staged
         if self._local is not None:
-            newest_committed = max((step_of(n) or -1 for n, _ in plan.candidates), default=-1)
             local = self._load_local(newest_committed, records)
             if local is not None:
                 return local
@@ -532,6 +547,32 @@ class Checkpointer:
         except (CheckpointError, KeyError, TypeError, ValueError) as exc:
             return [str(exc)]
         return shard_problems(directory, record, verify_checksums=self.cfg.verify_checksums)
+
+    def _load_staged(
+        self, newest_committed: int, records: dict[str, dict[str, Any] | None]
+    ) -> LoadedCheckpoint | None:
+        """Collective: the save every rank still holds in its staging buffer (this process's,
+        kept across in-process restarts), if not older than the newest commit, or None. The
+        state's tensors are views of the buffer: loading copies them into the model and the
+        optimizer (parallel.load_local_state), and the buffer is not written again before the
+        next save."""
+        staged = self._staging.staged
+        mine = []
+        if staged is not None and (staged.rank, staged.world_size) == (self.rank,
+                                                                      self.world_size):
+            mine = [(staged.step, staged.identity)]
+        held: list[Any] = [None] * self.world_size
+        dist.all_gather_object(held, mine)
+        chosen = common_newest(held, at_least=max(newest_committed, 0))
+        buffer = self._staging.buffer
+        if chosen is None or staged is None or buffer is None:
+            return None
+        directory = self.root / checkpoint_dir_name(*chosen)
+        state = unflatten_state(copy.deepcopy(staged.skeleton),
+                                tensor_views(buffer, staged.layout))
+        self._resumed_from = directory
+        return LoadedCheckpoint(directory, records.get(directory.name) is not None, state, (),
+                                source="memory")
 
     def _load_local(
         self, newest_committed: int, records: dict[str, dict[str, Any] | None]

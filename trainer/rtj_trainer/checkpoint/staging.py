@@ -9,6 +9,13 @@ once and reused, nothing is copied again on the way; on CUDA it is also page-loc
 
 The skeleton and layout go into each shard's JSON header (rtj_trainer.checkpoint.format), never
 through pickle.
+
+The buffer also serves a resume: it is the process's (kept across in-process restarts), and
+`HostStaging.staged` says which save it holds once a copy into it completed (None while one is
+under way). After an in-process restart every rank still holds its last save there, committed or
+not, so the ranks roll back from memory when all hold the same one
+(`Checkpointer._load_staged`) instead of reading a copy from a disk, or falling back to an older
+save whose copies were finished.
 """
 
 from __future__ import annotations
@@ -37,6 +44,19 @@ class TensorLayout:
     nbytes: int
     dtype: torch.dtype
     shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """Which save a staging buffer holds: its step and checkpoint identity, the rank and world
+    size it is the shard of, and what it takes to rebuild the state from the buffer."""
+
+    step: int
+    identity: str
+    rank: int
+    world_size: int
+    skeleton: Any
+    layout: list[TensorLayout]
 
 
 def flatten_state(tree: Any, tensors: list[torch.Tensor]) -> Any:
@@ -86,6 +106,8 @@ class HostStaging:
     def __init__(self) -> None:
         self.buffer: torch.Tensor | None = None
         self._registered = False
+        self.staged: Staged | None = None
+        """The save the buffer holds in full (set by the checkpointer after a staging copy)."""
 
     def ensure(self, nbytes: int, device: torch.device) -> torch.Tensor:
         if self.buffer is None or self.buffer.numel() != nbytes:
@@ -118,6 +140,7 @@ class HostStaging:
         return cls._kept
 
     def release(self) -> None:
+        self.staged = None
         if self.buffer is not None and self._registered:
             torch.cuda.cudart().cudaHostUnregister(  # type: ignore[no-untyped-call]
                 self.buffer.data_ptr())
@@ -136,6 +159,7 @@ def stage_to_host(
     skeleton = flatten_state(state, tensors)
     layout, total = plan_layout(tensors)
     buffer = staging.ensure(total, device)
+    staging.staged = None  # from here until the caller says otherwise it holds no whole save
     for view, tensor in zip(tensor_views(buffer, layout), tensors, strict=True):
         view.copy_(tensor, non_blocking=device.type == "cuda")
     if device.type == "cuda":
