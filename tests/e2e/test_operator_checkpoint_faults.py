@@ -6,7 +6,6 @@ operator runs as its own process (tests/e2e/conftest.py).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +16,7 @@ from e2e.test_operator_jobs import (
     children,
     cpu_tiny,
     describe,
+    events,
     status,
     wait_for,
 )
@@ -26,11 +26,6 @@ if TYPE_CHECKING:
     from e2e.conftest import OperatorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def events(cluster: Cluster, ns: str, reason: str) -> list[dict[str, Any]]:
-    out = cluster.kubectl("get", "events", "-n", ns, "-o", "json").stdout
-    return [e for e in json.loads(out)["items"] if e.get("reason") == reason]
 
 
 def condition(cluster: Cluster, ns: str, name: str, kind: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from e2e.test_operator_jobs import (
     children,
     cpu_tiny,
     describe,
+    events,
     pods_by_role,
     status,
     summary,
@@ -36,11 +37,6 @@ if TYPE_CHECKING:
     from e2e.conftest import OperatorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def events(cluster: Cluster, ns: str, reason: str) -> list[dict[str, Any]]:
-    out = cluster.kubectl("get", "events", "-n", ns, "-o", "json").stdout
-    return [e for e in json.loads(out)["items"] if e.get("reason") == reason]
 
 
 def jsonl(path: Path) -> list[dict[str, Any]]:

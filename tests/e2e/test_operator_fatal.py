@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 from e2e.test_operator_jobs import (
     apply,
     cpu_tiny,
     describe,
+    events,
     pods_by_role,
     status,
     wait_for,
@@ -24,11 +25,6 @@ if TYPE_CHECKING:
     from e2e.conftest import OperatorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def events(cluster: Cluster, ns: str, reason: str) -> list[dict[str, Any]]:
-    out = cluster.kubectl("get", "events", "-n", ns, "-o", "json").stdout
-    return [e for e in json.loads(out)["items"] if e.get("reason") == reason]
 
 
 def test_a_trainer_fatal_error_fails_the_job_at_once_with_the_trainers_reason(

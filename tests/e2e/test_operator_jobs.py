@@ -79,6 +79,11 @@ def wait_for(what: str, probe: Callable[[], T | None], *, timeout: float,
 
 
 
+def events(cluster: Cluster, ns: str, reason: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", "events", "-n", ns, "-o", "json").stdout
+    return [e for e in json.loads(out)["items"] if e.get("reason") == reason]
+
+
 def status(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
     result: dict[str, Any] = job(cluster, ns, name).get("status") or {}
     return result
