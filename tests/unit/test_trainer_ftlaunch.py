@@ -1,4 +1,5 @@
-"""The launcher shim's patch of NVRx's rank monitor (rtj_trainer.ftlaunch)."""
+"""The launcher shim's patches of NVRx (rtj_trainer.ftlaunch): the rank monitor and the
+rendezvous barrier's poll for the next round."""
 
 from __future__ import annotations
 
@@ -192,3 +193,25 @@ def test_the_shim_refunds_a_restart_into_a_peer_stop_round_and_only_that_one() -
     late._rdzv_handler = launcher_at_round(store, 2)._rdzv_handler
     late._remaining_restarts = 3
     assert late._invoke_run() == 4  # the same count as the survivors'
+
+
+def test_the_wait_for_the_next_rendezvous_round_polls_five_times_a_second(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import inspect
+    import time
+
+    from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier
+    from rtj_trainer import ftlaunch
+
+    # The two polls the patch is for are NVRx's only 1 s sleeps in that module.
+    source = inspect.getsource(ft_rendezvous_barrier)
+    assert source.count("time.sleep(1.0)") == 2
+    monkeypatch.setattr(ft_rendezvous_barrier, "time", time)
+    ftlaunch.poll_rendezvous_rounds_faster()
+    ftlaunch.poll_rendezvous_rounds_faster()  # idempotent
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    ft_rendezvous_barrier.time.sleep(1.0)
+    ft_rendezvous_barrier.time.sleep(0.1)
+    assert slept == [ftlaunch.RENDEZVOUS_ROUND_POLL_SECONDS, 0.1] == [0.2, 0.1]
+    assert ft_rendezvous_barrier.time.monotonic is time.monotonic

@@ -185,6 +185,33 @@ def reset_aborted_rank_monitors() -> None:
     server._handle_update_config_msg = _handle_update_config_msg  # type: ignore[method-assign]
 
 
+RENDEZVOUS_ROUND_POLL_SECONDS = 0.2
+"""How often a launcher that restarts its workers looks for the next rendezvous round to open
+(NVRx 0.7.0: a hard-coded 1 s, a whole second on every launcher restart, measured 1.01 s on an
+H200). Only launchers waiting for a round poll: at 1,000 nodes a few thousand small store reads a
+second, for about a second."""
+
+
+class _RoundPollTime:
+    """`time` as NVRx's rendezvous barrier sees it: its two 1 s polls for the next round are
+    shorter (its other sleeps, 0.1 s, are left alone)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        time.sleep(RENDEZVOUS_ROUND_POLL_SECONDS if seconds == 1.0 else seconds)
+
+
+def poll_rendezvous_rounds_faster() -> None:
+    """Shorten NVRx's 1 s wait for the next rendezvous round (idempotent)."""
+    from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier
+
+    if not isinstance(ft_rendezvous_barrier.time, _RoundPollTime):
+        ft_rendezvous_barrier.time = _RoundPollTime()  # type: ignore[assignment]
+
+
 def peer_stop_under_way(exit_codes: Sequence[int | None]) -> bool:
     """Whether the local workers are finishing a stop a peer was asked for: some exited, every
     one that exited exited with PEER_STOPPED_EXIT_CODE, and some still run (`exit_codes`: one
@@ -299,6 +326,7 @@ def install(options: ShimOptions) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     reset_aborted_rank_monitors()
+    poll_rendezvous_rounds_faster()
 
     agent = launcher.LocalElasticAgent
     original_shutdown = agent._shutdown
