@@ -150,6 +150,7 @@ def test_helm_installed_operator_runs_cpu_tiny_under_its_cluster_scoped_rbac(
         delete_jobs(cluster, ns)
 
 
+@pytest.mark.long
 def test_namespaced_install_serves_its_namespace_and_ignores_the_others(
     cluster: Cluster, namespace: str, release: Release,
 ) -> None:
@@ -203,6 +204,7 @@ class PodRecorder:
             self.uids.setdefault(pod["metadata"]["name"], set()).add(pod["metadata"]["uid"])
 
 
+@pytest.mark.long
 def test_two_replicas_the_leader_killed_mid_recovery_the_follower_finishes_it_once(
     cluster: Cluster, namespace: str, release: Release,
 ) -> None:

@@ -88,6 +88,7 @@ def test_commits_that_stop_raise_checkpoint_stale_and_it_clears_when_they_catch_
     assert f"checkpoint of step {blocked[0]} will not be committed" in log, log[-3000:]
 
 
+@pytest.mark.long
 def test_resuming_at_another_world_size_fails_at_once_naming_both_sizes(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:

@@ -154,6 +154,7 @@ def test_a_drained_trainer_pod_checkpoints_its_step_and_the_job_resumes_from_it_
     assert ended_with["restarts"] == {"inprocess": 0, "launcher": 0, "pod": 1}
 
 
+@pytest.mark.long
 def test_a_deleted_job_commits_its_current_step_and_a_job_of_the_same_name_resumes_it(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:

@@ -113,6 +113,7 @@ def test_four_worker_deaths_beyond_launcher_max_restarts_stay_inside_the_pods(
     assert done["final_loss"] == fault_free_loss(cluster, ns, operator)
 
 
+@pytest.mark.long
 def test_an_operator_killed_mid_recovery_completes_it_once(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
@@ -183,6 +184,7 @@ def test_a_lost_rendezvous_pod_restarts_the_job_from_its_last_commit(
         cluster, ns, operator)
 
 
+@pytest.mark.long
 def test_a_stalled_step_is_flagged_although_the_operator_restarts_faster_than_the_timeout(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:

@@ -63,6 +63,7 @@ def test_a_trainer_fatal_error_fails_the_job_at_once_with_the_trainers_reason(
         assert message["reason"] == "ConfigurationError"
 
 
+@pytest.mark.long
 def test_the_final_step_and_checkpoint_are_the_trainers_own(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:

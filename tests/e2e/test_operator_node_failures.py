@@ -129,6 +129,7 @@ def test_a_partitioned_node_is_left_behind_and_the_job_succeeds_on_another(
     assert summary(cluster, ns, "plain-0")["final_loss"] == done["final_loss"]
 
 
+@pytest.mark.long
 def test_a_pod_deleted_while_its_node_is_partitioned_is_replaced(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
