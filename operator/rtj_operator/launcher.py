@@ -17,6 +17,9 @@ from rtj_operator.podplan import PodPlan
 TRAINER_FATAL_EXIT_CODE = 94
 """The trainer's exit code for an error restarting cannot fix (rtj_trainer.errors; the contract
 test ties the two)."""
+NO_RESTART_EXIT_CODE = 93
+"""ft_launcher's `--ft-no-restart-exit-code`: NVRx decided the job must not be restarted (also
+what every launcher exits with after a worker exited with a non-retryable code: ftlaunch)."""
 SPARES_EXIT_BARRIER_SECONDS = 30.0
 
 

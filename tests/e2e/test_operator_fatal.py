@@ -6,7 +6,6 @@ the operator as its own process (tests/e2e/conftest.py).
 from __future__ import annotations
 
 import json
-import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -34,13 +33,11 @@ def test_a_trainer_fatal_error_fails_the_job_at_once_with_the_trainers_reason(
     manifest = cpu_tiny(name, faults=None)
     # A configuration every restart would read again: memmap data without a path.
     manifest["spec"]["args"] += ["--set", "data.kind=memmap"]
-    began = time.monotonic()
     apply(cluster, ns, manifest)
     context = lambda: describe(cluster, ns, name, operator)  # noqa: E731
     final = wait_for("the job to end", lambda: (
         s if (s := status(cluster, ns, name)).get("state") in ("Succeeded", "Failed") else None),
         timeout=180, interval=1, context=context)
-    took = time.monotonic() - began
 
     assert final["state"] == "Failed", context()
     assert final["reason"] == "TrainerFatalError", context()
@@ -51,7 +48,6 @@ def test_a_trainer_fatal_error_fails_the_job_at_once_with_the_trainers_reason(
     # No ladder: neither the launchers nor the operator restarted anything.
     assert final["restarts"]["rank"] == 0 and final["restarts"]["full"] == 0, context()
     assert final["restarts"]["launcher"] == 0, context()
-    assert took < 150, f"took {took:.0f} s"
     assert events(cluster, ns, "TrainerFatalError"), context()
     for pod in pods_by_role(cluster, ns, "trainer").values():
         terminated = pod["status"]["containerStatuses"][0]["state"].get("terminated")

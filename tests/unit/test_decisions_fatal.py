@@ -74,6 +74,35 @@ def test_the_launchers_and_the_trainers_codes_are_never_retried(code: int) -> No
     assert two.status["reason"] == Reason.NON_RETRYABLE
 
 
+def test_a_bare_no_restart_exit_waits_for_the_peer_that_caused_it() -> None:
+    """Every launcher exits 93 after one worker's fatal error (rtj_trainer.ftlaunch); only the
+    pod of that worker has the reason. A peer's bare 93 seen first neither fails the job as
+    NonRetryableExitCode nor counts as a pod failure: the pass waits for the other pod."""
+    j = job()
+    soon = T0 + timedelta(seconds=35)  # 5 s after the peer's launcher exited
+    one = then(running(j), j, world(trainer(0), trainer(1, "Failed", exit_code=93),
+                                    rdzv=rendezvous()), now=soon)
+    assert one.status["state"] not in ("Failed", "Succeeded")
+    assert one.status["restarts"]["rank"] == 0 and not deleted(one)
+    assert "NonRetryableExitCode" not in events(one)
+    two = then(one, j, world(trainer(0, "Failed", exit_code=93, outcome=CONFIG),
+                             trainer(1, "Failed", exit_code=93), rdzv=rendezvous()),
+               now=soon + timedelta(seconds=2))
+    assert (two.status["state"], two.status["reason"]) == ("Failed", Reason.TRAINER_FATAL)
+    assert "tiny-0" in two.status["message"] and "data.path is required" in two.status["message"]
+
+
+def test_a_bare_no_restart_exit_ends_the_job_once_every_pod_ended_or_the_grace_ran_out() -> None:
+    j = job()
+    ended = then(running(j), j, world(trainer(0, "Failed", exit_code=93),
+                                      trainer(1, "Failed", exit_code=93), rdzv=rendezvous()),
+                 now=T0 + timedelta(seconds=31))
+    assert (ended.status["state"], ended.status["reason"]) == ("Failed", Reason.NON_RETRYABLE)
+    late = then(running(j), j, world(trainer(0), trainer(1, "Failed", exit_code=93),
+                                     rdzv=rendezvous()), now=T0 + timedelta(seconds=46))
+    assert (late.status["state"], late.status["reason"]) == ("Failed", Reason.NON_RETRYABLE)
+
+
 def test_a_succeeded_message_does_not_end_a_running_job() -> None:
     j = job()
     done = TrainerOutcome(outcome="Succeeded", step=80, committed_step=80, exit_code=0)

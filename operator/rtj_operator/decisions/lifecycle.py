@@ -21,14 +21,10 @@ from rtj_operator.api.status import (
     StopReason,
 )
 from rtj_operator.decisions import recovery, status, stops
+from rtj_operator.decisions.liveness import following_a_peer
 from rtj_operator.decisions.state import Decision, _Pass, from_unix, whole_second
 from rtj_operator.intents import DeleteJob, DeletePod, SetClaimOwner
-from rtj_operator.launcher import TRAINER_FATAL_EXIT_CODE
-
-NO_RESTART_EXIT_CODE = 93
-"""ft_launcher's `--ft-no-restart-exit-code`: NVRx decided the job must not be restarted (also
-what every launcher exits with after a worker exited with a non-retryable code: ftlaunch)."""
-
+from rtj_operator.launcher import NO_RESTART_EXIT_CODE, TRAINER_FATAL_EXIT_CODE
 
 # --- rule 1: finished ---------------------------------------------------------------------------
 
@@ -159,6 +155,8 @@ def non_retryable_exit(p: _Pass, start_time: datetime) -> Decision | None:
     for index, pod in sorted(p.observed.trainer_pods.items()):
         if pod.outcome is not None and pod.outcome.stopped:
             continue  # its trainers checkpointed and stopped on purpose (a lost store: exit 1)
+        if following_a_peer(p, pod):
+            continue
         if pod.phase == "Failed" and pod.exit_code in permanent:
             return recovery.fail(
                 p, Reason.NON_RETRYABLE,

@@ -46,6 +46,7 @@ from datetime import datetime, timedelta
 from rtj_operator import naming
 from rtj_operator.api.status import ConditionType, IncidentCause, RankState
 from rtj_operator.decisions.state import DetectedFault, _Pass, from_unix, iso
+from rtj_operator.launcher import NO_RESTART_EXIT_CODE
 from rtj_operator.observed import NodeLiveness, PodView
 
 
@@ -431,6 +432,23 @@ def _not_starting(p: _Pass, pod: PodView, index: int | None) -> DetectedFault | 
     )
 
 
+PEER_VERDICT_GRACE = timedelta(seconds=15)
+"""How long a launcher's bare no-restart exit waits for the pod that caused it to report."""
+
+
+def following_a_peer(p: _Pass, pod: PodView) -> bool:
+    """A launcher that exited 93 without a message of its own stopped because another launcher
+    of the job said "do not restart" (rtj_trainer.ftlaunch): the reason is in that pod's
+    termination message, which may reach the API a moment later. While another trainer pod has
+    not ended yet, wait for it, up to PEER_VERDICT_GRACE after this pod ended."""
+    if pod.exit_code != NO_RESTART_EXIT_CODE or pod.outcome is not None:
+        return False
+    if pod.finished_at is not None and p.now >= pod.finished_at + PEER_VERDICT_GRACE:
+        return False
+    return any(other.phase not in ("Succeeded", "Failed")
+               for other in p.observed.trainer_pods.values() if other is not pod)
+
+
 def find_faults(p: _Pass) -> list[DetectedFault]:
     faults: list[DetectedFault] = []
     pods = p.observed.trainer_pods
@@ -469,7 +487,7 @@ def find_faults(p: _Pass) -> list[DetectedFault]:
                               DetectedFault(IncidentCause.POD_DELETED, index, p.now,
                                             f"pod {pod.name} was deleted by someone else"))
             continue
-        if pod.phase == "Failed":
+        if pod.phase == "Failed" and not following_a_peer(p, pod):
             why = f"exit code {pod.exit_code}" if pod.exit_code is not None else (
                 pod.reason or "unknown reason")
             faults.append(DetectedFault(IncidentCause.POD_FAILED, index, pod.finished_at or p.now,
