@@ -235,3 +235,38 @@ def test_one_checkpoint_at_this_world_size_is_enough_to_start(tmp_path: Path) ->
     assert other_world_sizes(tmp_path, world_size=4) == []
     uncommitted = save_checkpoint(tmp_path, 15, world_size=8, commit=False)
     assert uncommitted.is_dir() and other_world_sizes(tmp_path, world_size=2) == []
+
+
+def test_a_close_cut_short_by_an_in_process_restart_is_finished_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVRx's monitor thread raises into the main thread again and again once its soft timeout
+    passed, wherever the main thread is: inside the attempt's close() too. What close() did not
+    finish, close_interrupted() (the wrapper's finalize step, and the next attempt's start)
+    finishes, once."""
+    from rtj_trainer.checkpoint import checkpointer as module
+    from rtj_trainer.config import CheckpointConfig
+
+    class Interrupted(BaseException):  # NVRx's RankShouldRestart is raised the same way
+        pass
+
+    module.close_interrupted()  # what earlier tests left open
+    made = module.Checkpointer(CheckpointConfig(dir=str(tmp_path), interval_steps=0),
+                               root=tmp_path, rank=0, world_size=1,
+                               device=torch.device("cpu"), identity="a0")
+    committer = made._commit_worker()  # rank 0's commit thread runs
+    real_stop = module.CommitWorker.stop
+
+    def stop_then_interrupted(self: module.CommitWorker, timeout_seconds: float = 10.0) -> None:
+        real_stop(self, timeout_seconds)
+        monkeypatch.setattr(module.CommitWorker, "stop", real_stop)
+        raise Interrupted
+
+    monkeypatch.setattr(module.CommitWorker, "stop", stop_then_interrupted)
+    with pytest.raises(Interrupted):
+        made.close(abort=True)
+    assert made._committer is committer and made in module._UNCLOSED
+    assert module.close_interrupted() == 1
+    assert made._committer is None and made not in module._UNCLOSED
+    assert module.close_interrupted() == 0
+    made.close(abort=True)  # closing again is harmless

@@ -275,6 +275,9 @@ class Resiliency:
                 inprocess_abort.AbortTorchDistributed(),
                 _pause_rank_monitor_abort(self),
             ),
+            # After the monitor thread stopped raising into the main thread: finish any
+            # checkpointer close() its repeated exceptions cut short (checkpoint.close_interrupted).
+            "finalize": _finish_interrupted_closes(),
             "soft_timeout": timedelta(seconds=soft),
             "hard_timeout": timedelta(seconds=soft * 2 + 5),
             "heartbeat_timeout": timedelta(seconds=res.inprocess_pod_loss_timeout_seconds),
@@ -370,6 +373,22 @@ def _pause_rank_monitor_abort(resiliency: Resiliency) -> Any:
             return state
 
     return PauseRankMonitor()
+
+
+def _finish_interrupted_closes() -> Any:
+    """An NVRx `Finalize` step: once the monitor thread stopped raising, close what an attempt's
+    own cleanup could not finish (its writer: keep it if idle, stop it if busy)."""
+    from nvidia_resiliency_ext.inprocess.finalize import Finalize
+
+    class FinishInterruptedCloses(Finalize):  # type: ignore[misc]
+        def __call__(self, state: Any) -> Any:
+            from .checkpoint import close_interrupted
+
+            if close_interrupted():
+                log.info("finished a checkpointer close that the restart interrupted")
+            return state
+
+    return FinishInterruptedCloses()
 
 
 def _entering(listener: podloss.PodLossListener) -> Any:

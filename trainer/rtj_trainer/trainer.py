@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from . import parallel, timeline
-from .checkpoint import Checkpointer, job_identity
+from .checkpoint import Checkpointer, close_interrupted, job_identity
 from .checkpoint.store import read_commit_log
 from .config import Config
 from .data import TokenBatches
@@ -122,6 +122,7 @@ class Trainer:
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.data = TokenBatches(cfg.data, seq_len=cfg.model.seq_len,
                                  vocab_size=cfg.model.vocab_size)
+        close_interrupted()  # an earlier attempt's writer: kept or stopped before a new one
         self.checkpointer = Checkpointer(
             cfg.checkpoint,
             root=Path(cfg.checkpoint.dir),

@@ -12,7 +12,13 @@ Each module's docstring says why it is shaped as it is. The names below are the 
 face.
 """
 
-from .checkpointer import Checkpointer, CheckpointStats, LoadedCheckpoint, ProcessWriter
+from .checkpointer import (
+    Checkpointer,
+    CheckpointStats,
+    LoadedCheckpoint,
+    ProcessWriter,
+    close_interrupted,
+)
 from .format import (
     FORMAT_VERSION,
     MANIFEST,
@@ -82,6 +88,7 @@ __all__ = [
     "TensorSlot",
     "checkpoint_dir_name",
     "chunk_tiling_problem",
+    "close_interrupted",
     "commit",
     "committed_checkpoints",
     "digest_ranges",

@@ -254,6 +254,7 @@ class Checkpointer:
         """Rank 0's commit thread (started at the first save to commit)."""
         self._progress = CommitProgressReader(root, identity)
         """The other ranks' view of rank 0's commits."""
+        _UNCLOSED.append(self)  # until close() ran to its end (close_interrupted)
         if cfg.mode == "async" and cfg.interval_steps:
             self._async_queue()  # spawn the writer now, not at the first save
 
@@ -616,6 +617,11 @@ class Checkpointer:
             discard_local_copies(self._local)
 
     def close(self, *, abort: bool = False) -> None:
+        """Stop the commit thread and the writer (`abort`: an in-process restart; an idle
+        writer is kept for the next attempt, a busy one stopped) and, unless `abort`, release
+        the staging buffer. Every step may run again: an in-process restart can interrupt it
+        (NVRx's monitor thread raises into the main thread again and again once its soft
+        timeout passed), and `close_interrupted` finishes it once nothing interrupts any more."""
         if self._committer is not None:
             self._committer.stop()
             self._committer = None
@@ -640,3 +646,26 @@ class Checkpointer:
             # unpinning and re-allocating GBs cost seconds on the restart's critical path.
             self._staging.release()
             self._deleter.drain()
+        with contextlib.suppress(ValueError):
+            _UNCLOSED.remove(self)
+
+
+_UNCLOSED: list[Checkpointer] = []
+"""Checkpointers whose close() has not run to its end."""
+
+
+def close_interrupted() -> int:
+    """Finish, as an abort, every close() an in-process restart interrupted (or never reached):
+    keep an idle writer for the next attempt, stop a busy one, stop a commit thread. Called
+    after NVRx's monitor thread stopped raising (the wrapper's finalize step) and before a new
+    attempt builds its checkpointer. Returns how many there were."""
+    unclosed = list(_UNCLOSED)
+    for checkpointer in unclosed:
+        try:
+            checkpointer.close(abort=True)
+        except Exception as exc:  # the next one still gets closed
+            log.warning("closing an interrupted checkpointer failed: %s", exc,
+                        extra={"rank": checkpointer.rank})
+            with contextlib.suppress(ValueError):
+                _UNCLOSED.remove(checkpointer)
+    return len(unclosed)
