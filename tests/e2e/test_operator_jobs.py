@@ -280,6 +280,10 @@ def test_deleting_a_job_removes_every_object_the_operator_created(
     cluster.kubectl("delete", "rtj", name, "-n", ns, "--wait=false")
     wait_for("every child to be gone", lambda: children(cluster, ns, name) == [],
              timeout=120, context=lambda: "\n".join(children(cluster, ns, name)) + context())
+    # Then the job itself: its finalizer goes as soon as its loop stopped, not at kopf's next
+    # look a minute later (cancellation_polling).
+    wait_for("the job to be gone", lambda: cluster.kubectl(
+        "get", "rtj", name, "-n", ns, check=False).returncode != 0, timeout=20, context=context)
 
 
 def test_deleting_a_job_keeps_a_claim_with_retain_policy(
