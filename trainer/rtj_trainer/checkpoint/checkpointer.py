@@ -55,6 +55,7 @@ from .format import (
     step_of,
 )
 from .local import (
+    LocalCopy,
     common_newest,
     discard_local_copies,
     local_copies,
@@ -498,16 +499,22 @@ class Checkpointer:
 
     def load_from_plan(self, plan: ResumePlan) -> LoadedCheckpoint | None:
         """This rank's part of `load_latest` once it holds its plan (all ranks call it
-        together: it runs one all-reduce per candidate tried)."""
+        together: one all-gather of what each rank holds in memory and on its node, then one
+        all-reduce per candidate tried)."""
         if plan.committed is not None and self.stats.committed_step < 0:
             self.stats.committed_step, self.stats.committed_at = plan.committed
         records = dict(zip((name for name, _ in plan.candidates), plan.records, strict=True))
         newest_committed = max((step_of(n) or -1 for n, _ in plan.candidates), default=-1)
-        staged = self._load_staged(newest_committed, records)
+        # One all-gather for both fast sources: what each rank holds in memory and on its node.
+        copies = local_copies(self._local) if self._local is not None else []
+        held: list[Any] = [None] * self.world_size
+        dist.all_gather_object(held, (self._staged_here(), [(c.step, c.identity)
+                                                            for c in copies]))
+        staged = self._load_staged(newest_committed, records, [h[0] for h in held])
         if staged is not None:
             return staged
         if self._local is not None:
-            local = self._load_local(newest_committed, records)
+            local = self._load_local(newest_committed, records, [h[1] for h in held], copies)
             if local is not None:
                 return local
         rejected: list[str] = []
@@ -549,21 +556,24 @@ class Checkpointer:
             return [str(exc)]
         return shard_problems(directory, record, verify_checksums=self.cfg.verify_checksums)
 
-    def _load_staged(
-        self, newest_committed: int, records: dict[str, dict[str, Any] | None]
-    ) -> LoadedCheckpoint | None:
-        """Collective: the save every rank still holds in its staging buffer (this process's,
-        kept across in-process restarts), if not older than the newest commit, or None. The
-        state's tensors are views of the buffer: loading copies them into the model and the
-        optimizer (parallel.load_local_state), and the buffer is not written again before the
-        next save."""
+    def _staged_here(self) -> list[tuple[int, str]]:
+        """The save this rank holds in its staging buffer, as (step, identity), if any."""
         staged = self._staging.staged
-        mine = []
         if staged is not None and (staged.rank, staged.world_size) == (self.rank,
                                                                       self.world_size):
-            mine = [(staged.step, staged.identity)]
-        held: list[Any] = [None] * self.world_size
-        dist.all_gather_object(held, mine)
+            return [(staged.step, staged.identity)]
+        return []
+
+    def _load_staged(
+        self, newest_committed: int, records: dict[str, dict[str, Any] | None],
+        held: list[Any],
+    ) -> LoadedCheckpoint | None:
+        """The save every rank still holds in its staging buffer (this process's, kept across
+        in-process restarts; `held`: every rank's `_staged_here`), if not older than the newest
+        commit, or None. The state's tensors are views of the buffer: loading copies them into
+        the model and the optimizer (parallel.load_local_state), and the buffer is not written
+        again before the next save."""
+        staged = self._staging.staged
         chosen = common_newest(held, at_least=max(newest_committed, 0))
         buffer = self._staging.buffer
         if chosen is None or staged is None or buffer is None:
@@ -576,14 +586,12 @@ class Checkpointer:
                                 source="memory")
 
     def _load_local(
-        self, newest_committed: int, records: dict[str, dict[str, Any] | None]
+        self, newest_committed: int, records: dict[str, dict[str, Any] | None],
+        held: list[Any], mine: list[LocalCopy],
     ) -> LoadedCheckpoint | None:
-        """Collective: the newest node-local copy every rank holds, if not older than the newest
-        commit (and, for a committed step, the size its manifest records), or None."""
-        assert self._local is not None
-        mine = local_copies(self._local)
-        held: list[Any] = [None] * self.world_size
-        dist.all_gather_object(held, [(c.step, c.identity) for c in mine])
+        """Collective (one agreement): the newest node-local copy every rank holds (`held`:
+        every rank's copies, `mine`: this rank's), if not older than the newest commit (and,
+        for a committed step, the size its manifest records), or None."""
         chosen = common_newest(held, at_least=max(newest_committed, 0))
         if chosen is None:
             return None
