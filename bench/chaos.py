@@ -26,7 +26,18 @@ state, and whether the final loss is bit-identical to the reference job's.
 Targets (issue 11): every job Succeeded, 0 steps lost beyond the last committed checkpoint,
 final loss identical to the fault-free run.
 
-    python -m bench.chaos --faults-per-kind 100 --out bench/results/chaos.json   # the campaign
+The steps lost beyond the last commit compare the resumed step with the newest checkpoint whose
+manifest was committed before the fault (`read_commits`: the manifests' own `step` and
+`committed_at`).
+
+The whole campaign (100 faults of each kind, about 200 jobs) takes ten hours on a 2-core machine,
+more than one working session, so it can be run in shards that add up in one campaign file: each
+shard plans only the faults of each kind that the earlier shards have not injected yet, starts no
+new job after `--minutes`, records the commit it ran at, and rewrites the file after every job
+(a shard cut short keeps its finished jobs). The file's `summary` covers every shard.
+
+    python -m bench.chaos --faults-per-kind 100 --out bench/results/chaos.json   # the campaign, at once
+    python -m bench.chaos --campaign bench/results/chaos-campaign.json --minutes 60  # one shard of it
     python -m bench.chaos --faults-per-kind 2 --out /tmp/chaos.json              # a smoke run
 """
 
@@ -37,11 +48,13 @@ import copy
 import json
 import os
 import random
+import re
 import shlex
 import signal
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +84,8 @@ KINDS = (*TRAINER_KINDS, "pod-kill", "node-partition", "rendezvous-kill", "opera
          "writer-kill")
 RANKS = 4
 """2 pods x 2 ranks."""
+CHECKPOINT_DIR = re.compile(r"^step-(\d{9})\.(.+)$")
+"""A checkpoint directory's name (rtj_trainer.checkpoint.format.checkpoint_dir_name)."""
 
 
 # --- the plan (pure) ----------------------------------------------------------------------------
@@ -101,21 +116,38 @@ def plan_campaign(kinds: list[str], per_kind: int, faults_per_job: int, spacing:
                   seed: int) -> list[JobPlan]:
     """Every kind `per_kind` times, shuffled with `seed`, packed `faults_per_job` to a job: fault
     i of a job at step `spacing * (i + 1)`, the job `spacing` steps longer than its last fault."""
-    if per_kind < 1 or faults_per_job < 1 or spacing < 2:
+    if per_kind < 1:
         raise ValueError("per_kind >= 1, faults_per_job >= 1 and spacing >= 2 are needed")
-    unknown = [k for k in kinds if k not in KINDS]
+    return plan_faults(dict.fromkeys(kinds, per_kind), faults_per_job, spacing, seed)
+
+
+def plan_faults(counts: dict[str, int], faults_per_job: int, spacing: int, seed: int,
+                prefix: str = "chaos") -> list[JobPlan]:
+    """`counts[kind]` faults of each kind, shuffled with `seed`, packed `faults_per_job` to a
+    job named `<prefix>-<n>` (see plan_campaign)."""
+    if faults_per_job < 1 or spacing < 2 or any(n < 0 for n in counts.values()):
+        raise ValueError("per_kind >= 1, faults_per_job >= 1 and spacing >= 2 are needed")
+    unknown = [k for k in counts if k not in KINDS]
     if unknown:
         raise ValueError(f"unknown fault kinds: {', '.join(unknown)}")
     rng = random.Random(seed)
-    pool = [kind for kind in kinds for _ in range(per_kind)]
+    pool = [kind for kind, n in counts.items() for _ in range(n)]
     rng.shuffle(pool)
     jobs = []
     for number, start in enumerate(range(0, len(pool), faults_per_job)):
         chunk = pool[start:start + faults_per_job]
         faults = tuple(PlannedFault(kind, spacing * (i + 1), rng.randrange(RANKS))
                        for i, kind in enumerate(chunk))
-        jobs.append(JobPlan(f"chaos-{number}", spacing * (len(chunk) + 1), faults))
+        jobs.append(JobPlan(f"{prefix}-{number}", spacing * (len(chunk) + 1), faults))
     return jobs
+
+
+def still_to_run(kinds: list[str], per_kind: int, done: list[dict[str, Any]]) -> dict[str, int]:
+    """What a new shard of a campaign of `per_kind` faults of every kind must still inject:
+    `per_kind` minus the faults of that kind the earlier shards injected (`done`: their fault
+    records), never below 0."""
+    counted = Counter(f["kind"] for f in done)
+    return {kind: max(0, per_kind - counted[kind]) for kind in kinds}
 
 
 # --- the analysis (pure) ------------------------------------------------------------------------
@@ -167,6 +199,24 @@ def analyse_fault(result: FaultResult, records: list[StepRecord],
     result.resumed_step = first.step - 1
     result.steps_lost_beyond_commit = max(0, result.committed_at_fault - result.resumed_step)
     return result
+
+
+def read_commits(directory: Path, commits: dict[int, float]) -> dict[int, float]:
+    """Add to `commits` (step -> unix time of the commit) every checkpoint committed under the
+    job's checkpoint directory: a `step-<9 digits>.<attempt>/manifest.json` (the trainer's
+    rtj_trainer.checkpoint.format names), read for its `step` and `committed_at`. The earliest
+    commit of a step counts; a manifest being replaced or unreadable is skipped this time."""
+    for manifest in directory.glob("step-*/manifest.json"):
+        match = CHECKPOINT_DIR.match(manifest.parent.name)
+        if match is None or int(match.group(1)) in commits:
+            continue
+        try:
+            data = json.loads(manifest.read_text())
+            step, at = int(data["step"]), float(data["committed_at"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        commits[step] = min(at, commits.get(step, at))
+    return commits
 
 
 def final_loss(records: list[StepRecord], steps: int) -> float | None:
@@ -336,16 +386,10 @@ class Campaign:
         return job, results
 
     def note_commits(self, name: str, commits: dict[int, float]) -> None:
-        """Remember when each committed checkpoint step was first seen (manifest mtime)."""
+        """Remember when each checkpoint step was committed (its manifest's `committed_at`)."""
         directory = self.job_dir(name)
-        if directory is None:
-            return
-        for manifest in directory.glob("step-*/manifest.json"):
-            try:
-                step = int(manifest.parent.name.removeprefix("step-"))
-                commits.setdefault(step, manifest.stat().st_mtime)
-            except (ValueError, OSError):
-                continue
+        if directory is not None:
+            read_commits(directory, commits)
 
     def wait_until(self, what: str, deadline: float, predicate: Any, commits: dict[int, float],
                    name: str) -> Any:
@@ -490,65 +534,152 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
     parser.add_argument("--faults-per-kind", type=int, default=100,
-                        help="faults of each kind in the campaign (default 100)")
+                        help="faults of each kind in the campaign (default 100); with --campaign, "
+                             "the campaign's total over all its shards")
     parser.add_argument("--faults-per-job", type=int, default=4,
                         help="faults in one job (default 4)")
     parser.add_argument("--spacing", type=int, default=25,
                         help="steps between two faults of a job (default 25)")
     parser.add_argument("--checkpoint-interval", type=int, default=10,
                         help="checkpoint.intervalSteps (default 10)")
-    parser.add_argument("--seed", type=int, default=11, help="shuffle seed (default 11)")
+    parser.add_argument("--seed", type=int, default=11,
+                        help="shuffle seed (default 11; with --campaign, plus the shard's number)")
     parser.add_argument("--job-timeout", type=float, default=900.0,
                         help="give up on one job after this many seconds (default 900)")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="start no new job after this many minutes (default: no limit); the "
+                             "jobs not started stay for the campaign's next shard")
+    parser.add_argument("--campaign", type=Path, default=None,
+                        help="a campaign file: run one more shard of it (the faults of each kind "
+                             "still missing from --faults-per-kind), add the shard to the file "
+                             "after every job, and summarise every shard together")
     add_output_arguments(parser, work_dir_help="cluster run directory (default: a new temp dir)")
     return parser.parse_args(argv)
+
+
+def git_commit() -> str:
+    """The commit the code was run at (`+dirty` when the work tree differs from it)."""
+    import subprocess
+
+    def git(*words: str) -> str:
+        done = subprocess.run(["git", "-C", str(REPO_ROOT), *words], capture_output=True,
+                              text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "bench", "operator",
+                "trainer", "tests/harness")
+    return commit + ("+dirty" if dirty else "")
+
+
+def read_campaign(path: Path) -> dict[str, Any]:
+    """The campaign file's content, or a new campaign when there is no file yet."""
+    if not path.exists():
+        return {"benchmark": "chaos-campaign", "shards": []}
+    data: dict[str, Any] = json.loads(path.read_text())
+    if data.get("benchmark") != "chaos-campaign" or not isinstance(data.get("shards"), list):
+        raise ValueError(f"{path} is not a bench.chaos campaign file")
+    return data
+
+
+def campaign_summary(shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """summarise() over every shard's faults and jobs."""
+    faults = [FaultResult(**f) for shard in shards for f in shard.get("faults", [])]
+    jobs = [job for shard in shards for job in shard.get("jobs", [])]
+    return summarise(faults, jobs)
+
+
+def passed(summary: dict[str, Any]) -> bool:
+    """Issue 11's targets: every job Succeeded with the fault-free run's final loss, every fault
+    recovered, no step lost beyond the last commit."""
+    return bool(summary["jobs_succeeded"] == summary["jobs"] == summary["jobs_final_loss_identical"]
+                and summary["steps_lost_beyond_commit"] == 0
+                and summary["recovered"] == summary["faults"])
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
-    plans = plan_campaign(kinds, args.faults_per_kind, args.faults_per_job, args.spacing,
-                          args.seed)
+    campaign_data = read_campaign(args.campaign) if args.campaign else None
+    if campaign_data is None:
+        plans = plan_campaign(kinds, args.faults_per_kind, args.faults_per_job, args.spacing,
+                              args.seed)
+    else:
+        number = len(campaign_data["shards"])
+        done = [f for shard in campaign_data["shards"] for f in shard.get("faults", [])]
+        plans = plan_faults(still_to_run(kinds, args.faults_per_kind, done),
+                            args.faults_per_job, args.spacing, args.seed + number,
+                            prefix=f"chaos-s{number}")
+        if not plans:
+            print(f"[bench.chaos] {args.campaign}: every kind has its {args.faults_per_kind} "
+                  "faults already")
+            print(render(campaign_summary(campaign_data["shards"])))
+            return 0 if passed(campaign_summary(campaign_data["shards"])) else 1
     work_dir = (args.work_dir or Path(tempfile.mkdtemp(prefix="rtj-bench-chaos."))).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
         "benchmark": "chaos",
         "command": "python -m bench.chaos " + shlex.join(
             argv if argv is not None else sys.argv[1:]),
+        "commit": git_commit(),
         "machine": machine_description(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "operator_and_trainer_source": source_fingerprint(*OPERATOR_SOURCES, *TRAINER_SOURCES),
+        "planned_jobs": len(plans),
+        "planned_faults": sum(len(plan.faults) for plan in plans),
     }
-    campaign = Campaign(args, work_dir)
     jobs: list[dict[str, Any]] = []
     faults: list[FaultResult] = []
+
+    def save(final: bool) -> None:
+        results.update(jobs=jobs, faults=[asdict(f) for f in faults],
+                       summary=summarise(faults, jobs), operator_starts=campaign.operator_starts)
+        if final:
+            results.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                           load_average_at_end=[round(x, 2) for x in os.getloadavg()])
+        if campaign_data is None:
+            write_json(args.out, results)
+            return
+        assert args.campaign is not None
+        shards = [*campaign_data["shards"], results]
+        write_json(args.campaign, {"benchmark": "chaos-campaign",
+                                   "target_faults_per_kind": args.faults_per_kind,
+                                   "summary": campaign_summary(shards), "shards": shards})
+
+    began = time.monotonic()
+    campaign = Campaign(args, work_dir)
     try:
-        # The learning-rate schedule depends on the run's length: one reference per length.
-        references = {}
-        for steps in sorted({plan.steps for plan in plans}):
-            references[steps], _ = campaign.run_job(
-                JobPlan(f"chaos-reference-{steps}", steps, ()), None)
-        results["references"] = list(references.values())
+        # The learning-rate schedule depends on the run's length: one reference per length,
+        # trained just before the first job of that length.
+        references: dict[int, dict[str, Any]] = {}
         for plan in plans:
+            if args.minutes is not None and time.monotonic() - began > args.minutes * 60:
+                print(f"[bench.chaos] {args.minutes:g} minutes are up: {len(jobs)} of "
+                      f"{len(plans)} jobs ran", flush=True)
+                break
+            if plan.steps not in references:
+                references[plan.steps], _ = campaign.run_job(
+                    JobPlan(f"{plan.name.rsplit('-', 1)[0]}-reference-{plan.steps}",
+                            plan.steps, ()), None)
+                results["references"] = list(references.values())
             job, found = campaign.run_job(plan, references[plan.steps]["final_loss"])
             jobs.append(job)
             faults.extend(found)
+            save(final=False)
     finally:
         campaign.stop()
-    results.update(jobs=jobs, faults=[asdict(f) for f in faults],
-                   summary=summarise(faults, jobs), operator_starts=campaign.operator_starts,
-                   finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                   load_average_at_end=[round(x, 2) for x in os.getloadavg()])
-    write_json(args.out, results)
+    save(final=True)
     print(render(results["summary"]))
+    if campaign_data is not None:
+        total = campaign_summary([*campaign_data["shards"], results])
+        print(f"\nthe whole campaign ({len(campaign_data['shards']) + 1} shards):")
+        print(render(total))
+        print(f"\nJSON: {args.campaign}")
+        return 0 if passed(results["summary"]) and passed(total) else 1
     if args.out:
         print(f"\nJSON: {args.out}")
-    summary = results["summary"]
-    ok = (summary["jobs_succeeded"] == summary["jobs"] == summary["jobs_final_loss_identical"]
-          and summary["steps_lost_beyond_commit"] == 0
-          and summary["recovered"] == summary["faults"])
-    return 0 if ok else 1
+    return 0 if passed(results["summary"]) else 1
 
 
 if __name__ == "__main__":

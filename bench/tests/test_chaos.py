@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
+from rtj_trainer.checkpoint.format import Manifest, checkpoint_dir_name
 
 from bench.chaos import (
     KINDS,
@@ -12,9 +16,15 @@ from bench.chaos import (
     JobPlan,
     PlannedFault,
     analyse_fault,
+    campaign_summary,
     final_loss,
     job_manifest,
+    passed,
     plan_campaign,
+    plan_faults,
+    read_campaign,
+    read_commits,
+    still_to_run,
     summarise,
 )
 from bench.localrun import StepRecord
@@ -112,3 +122,64 @@ def test_final_loss_is_the_last_attempts_and_the_summary_counts_per_kind() -> No
     assert summary["by_kind"]["hang"]["recovered"] == 1
     assert summary["recovered"] == 1
     assert summary["jobs_succeeded"] == summary["jobs_final_loss_identical"] == 1
+
+
+def _commit(root: Path, step: int, identity: str, at: float) -> Path:
+    """A checkpoint directory and manifest as the trainer writes them (its own name and format
+    functions), with no shards."""
+    directory = root / checkpoint_dir_name(step, identity)
+    directory.mkdir(parents=True)
+    manifest = Manifest(step=step, world_size=4, shards=(), committed_at=at, identity=identity,
+                        job="chaos/chaos-0")
+    (directory / "manifest.json").write_text(json.dumps(manifest.to_json()))
+    return directory
+
+
+def test_commits_are_read_from_the_trainers_checkpoint_directories(tmp_path: Path) -> None:
+    # The directory names carry the attempt after the step (`step-000000020.a0-l1-i0`): the
+    # campaign once parsed the whole suffix as the step, saw no commit at all, and so reported
+    # 0 steps lost beyond the last commit whatever a resume lost.
+    _commit(tmp_path, 10, "a0-l0-i0", 50.0)
+    _commit(tmp_path, 20, "a0-l0-i0", 95.0)
+    (tmp_path / checkpoint_dir_name(30, "a0-l0-i0")).mkdir()  # still being written
+    (tmp_path / "step-000000040.a1-l0-i0").mkdir()
+    (tmp_path / "step-000000040.a1-l0-i0" / "manifest.json").write_text("{torn")
+    commits = read_commits(tmp_path, {})
+    assert commits == {10: 50.0, 20: 95.0}
+    # A step committed again by a later attempt keeps its first commit's time.
+    _commit(tmp_path, 20, "a1-l0-i0", 300.0)
+    assert read_commits(tmp_path, commits) == {10: 50.0, 20: 95.0}
+    records = _records((25, "a", 101.0), (11, "b", 130.0))
+    result = analyse_fault(FaultResult("j", "pod-kill", 25, 1, injected_at=101.5), records,
+                           commits)
+    assert result.committed_at_fault == 20
+    assert result.steps_lost_beyond_commit == 10
+
+
+def test_a_campaign_shard_plans_only_what_earlier_shards_left_to_do() -> None:
+    done = [{"kind": "hang"}] * 3 + [{"kind": "pod-kill"}] * 7
+    counts = still_to_run(["hang", "pod-kill", "sigkill"], 5, done)
+    assert counts == {"hang": 2, "pod-kill": 0, "sigkill": 5}
+    plans = plan_faults(counts, faults_per_job=4, spacing=25, seed=4, prefix="chaos-s2")
+    assert Counter(f.kind for plan in plans for f in plan.faults) == {"hang": 2, "sigkill": 5}
+    assert [plan.name for plan in plans] == ["chaos-s2-0", "chaos-s2-1"]
+    assert plan_faults(still_to_run(["hang"], 3, done), 4, 25, 4) == []
+
+
+def test_the_campaign_file_sums_its_shards_and_refuses_other_files(tmp_path: Path) -> None:
+    assert read_campaign(tmp_path / "new.json") == {"benchmark": "chaos-campaign", "shards": []}
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"benchmark": "goodput"}))
+    with pytest.raises(ValueError, match=r"not a bench\.chaos campaign file"):
+        read_campaign(other)
+    good = FaultResult("j", "hang", 25, 0, recovered=True, seconds=8.0,
+                       steps_lost_beyond_commit=0)
+    lost = FaultResult("k", "hang", 25, 0, recovered=True, seconds=9.0,
+                       steps_lost_beyond_commit=10)
+    job = {"final_state": "Succeeded", "final_loss_identical": True}
+    shards = [{"faults": [asdict(good)], "jobs": [job]}, {"faults": [asdict(good)], "jobs": [job]}]
+    total = campaign_summary(shards)
+    assert total["faults"] == 2 and total["jobs"] == 2 and total["by_kind"]["hang"]["faults"] == 2
+    assert passed(total)
+    shards.append({"faults": [asdict(lost)], "jobs": [job]})
+    assert not passed(campaign_summary(shards))
