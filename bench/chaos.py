@@ -36,9 +36,9 @@ shard plans only the faults of each kind that the earlier shards have not inject
 new job after `--minutes`, records the commit it ran at, and rewrites the file after every job
 (a shard cut short keeps its finished jobs). The file's `summary` covers every shard.
 
-    python -m bench.chaos --faults-per-kind 100 --out bench/results/chaos.json   # the campaign, at once
-    python -m bench.chaos --campaign bench/results/chaos-campaign.json --minutes 60  # one shard of it
-    python -m bench.chaos --faults-per-kind 2 --out /tmp/chaos.json              # a smoke run
+    python -m bench.chaos --faults-per-kind 100 --out bench/results/chaos.json  # all at once
+    python -m bench.chaos --campaign bench/results/chaos-campaign.json --minutes 60  # a shard
+    python -m bench.chaos --faults-per-kind 2 --out /tmp/chaos.json             # a smoke run
 """
 
 from __future__ import annotations
