@@ -11,7 +11,9 @@ under ft_launcher, in-process restart on, checkpoints every `--checkpoint-interv
   raises, SIGKILLs its own worker, or stops making progress while alive);
 - `pod-kill`: the harness SIGKILLs every process of pod `<job>-1`;
 - `node-partition`: the harness partitions the node that runs pod `<job>-1` (no Lease, no status,
-  frozen processes) and heals it once the job trains again;
+  frozen processes) and heals it once the job trains again, or, when the job's rendezvous pod
+  runs there too, as soon as the operator has force-deleted that pod (a harness limit: see
+  `Campaign.heal_once_rendezvous_replaced`);
 - `rendezvous-kill`: the harness SIGKILLs the rendezvous pod `<job>-rdzv`;
 - `operator-kill`: pod `<job>-1` is killed and the operator is SIGKILLed as soon as it acted on
   it, then started again;
@@ -433,8 +435,12 @@ class Campaign:
             if not node:
                 raise TimeoutError(f"pod {victim} has no node")
             result.detail["node"] = node
+            rendezvous = self.pod(f"{name}-rdzv") or {}
+            shared = rendezvous.get("spec", {}).get("nodeName") == node
             result.injected_at = time.time()
             self.cluster.nodes.partition_node(node)
+            if shared:
+                self.heal_once_rendezvous_replaced(plan, rendezvous, result, commits, deadline)
         elif fault.kind == "operator-kill":
             uid = (self.pod(victim) or {}).get("metadata", {}).get("uid")
             result.injected_at = time.time()
@@ -453,6 +459,29 @@ class Campaign:
             self.start_operator()
         elif fault.kind == "writer-kill":
             result.injected_at = self.kill_writer(plan, fault, commits, deadline)
+
+    def heal_once_rendezvous_replaced(self, plan: JobPlan, rendezvous: dict[str, Any],
+                                      result: FaultResult, commits: dict[int, float],
+                                      deadline: float) -> None:
+        """The partitioned node also runs the job's rendezvous pod. The harness's pods share one
+        network namespace, and nvrx-control's TCPStore listens on the port on every address, so
+        the frozen process of the force-deleted rendezvous pod keeps the port and no replacement
+        can listen on it (EADDRINUSE; on a cluster each pod has its own network namespace).
+        Once the operator has force-deleted that pod (its part: NodeLost, a full restart), the
+        node is healed, which kills the processes of the pods force-deleted there, as a kubelet
+        does when it reconnects."""
+        uid = rendezvous.get("metadata", {}).get("uid")
+
+        def replaced() -> bool:
+            now = self.pod(f"{plan.name}-rdzv")
+            return now is None or now["metadata"]["uid"] != uid
+
+        self.wait_until("the operator to force-delete the rendezvous pod", deadline, replaced,
+                        commits, plan.name)
+        assert result.injected_at is not None
+        result.detail["rendezvous_on_node"] = True
+        result.detail["healed_after_seconds"] = round(time.time() - result.injected_at, 2)
+        self.cluster.nodes.heal_node(result.detail["node"])
 
     def kill_writer(self, plan: JobPlan, fault: PlannedFault, commits: dict[int, float],
                     deadline: float) -> float:
