@@ -161,6 +161,13 @@ def test_inprocess_restart_recovers_an_exception_in_the_same_processes(
     assert len({e["pid"] for e in losses}) == 1  # rank 0 never left its process
     _assert_same_losses(losses, fault_free)
     assert "RankShouldRestart" in out
+    # Rank 1 failed at the start of step 8: both ranks still held the state after step 7 and
+    # kept it in memory, and the next attempt went on from there, the uncommitted step 7, not
+    # from the step-5 save: no step was computed twice.
+    assert [e["step"] for e in losses] == list(range(1, STEPS + 1))
+    assert "resumed from step-000000007" in out and "from the training state at the fault" in out
+    kept_state = [ln for ln in out.splitlines() if "kept the training state after step 7" in ln]
+    assert len(kept_state) == 2, kept_state
     # A rank's checkpoint writer that was idle at the restart outlived it; one still writing
     # (the step-5 save, a few milliseconds of tiny steps earlier, on a loaded machine) was
     # replaced. Both ranks said which, and only the replaced ones started a writer again.
@@ -188,20 +195,26 @@ def test_inprocess_restart_catches_a_hang_by_its_soft_timeout(tmp_path: Path) ->
     losses = _losses(tmp_path)
     assert len({e["pid"] for e in losses}) == 1  # the rank never left its process
     assert [e["step"] for e in losses if e["attempt"] == losses[-1]["attempt"]][-1] == STEPS
+    # The rank hung at the start of step 8 with the state after step 7 intact: the next attempt
+    # resumed from that state (kept in memory), not from the step-5 save.
+    assert [e["step"] for e in losses] == list(range(1, STEPS + 1))
+    assert "resumed from step-000000007" in out and "from the training state at the fault" in out
 
 
 def test_inprocess_restart_stops_a_writer_that_is_still_writing(
     tmp_path: Path, fault_free: dict[int, float]
 ) -> None:
     """Writes take 2 s, so rank 1's writer is still writing the step-10 save when rank 1 fails at
-    step 11: the next attempt stages into the same buffer, so it is stopped (not kept) and a new
-    one starts. The step-10 save is never committed, yet every rank still holds it in its staging
-    buffer: the job resumes from step 10 from memory, not from the step-5 commit."""
+    step 11: the training state after step 10 is staged into the same buffer, so that writer is
+    stopped (not kept) and a new one starts. The step-10 save is never committed, yet every rank
+    holds the state after step 10 in its staging buffer: the job resumes from step 10 from
+    memory, not from the step-5 commit."""
     out = _run(tmp_path, faults="11:1:exception",
                extra_env={"RTJ_INPROCESS_RESTART": "1", "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "60"},
                args=("--set", "checkpoint.test_write_delay_seconds=2"))
     assert _summary(out)["restarts"] == {"inprocess": 1, "launcher": 0, "pod": 0}
-    assert "resumed from step-000000010" in out and "from the staging copy in memory" in out
+    assert "resumed from step-000000010" in out and "from the training state at the fault" in out
+    assert [e["step"] for e in _losses(tmp_path)] == list(range(1, STEPS + 1))
     _assert_same_losses(_losses(tmp_path), fault_free)
     # Rank 1 failed mid-write: its writer was stopped and a new one started. Rank 0 learns of
     # the failure later (NVRx's monitor; seconds on a loaded machine), when its 2 s write may

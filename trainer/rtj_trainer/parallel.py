@@ -14,6 +14,7 @@ manifest records and checks (the operator never changes WORLD_SIZE within a job)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -174,8 +175,13 @@ def train_step(
     grad_clip: float,
     *,
     interruptible: bool = False,
+    before_update: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """One optimizer step on this rank's batch; returns the loss averaged over all ranks.
+
+    `before_update` is called right before the optimizer starts changing the parameters: up to
+    then the model and optimizer still hold the state after the previous step (what an
+    in-process restart may resume from, rtj_trainer.trainer `Trainer.keep_live_state`).
 
     `interruptible` (in-process restart on CUDA): wait for the GPU, with the GIL released, after
     the forward and after the backward pass. A rank whose peer failed is stuck behind a
@@ -197,6 +203,8 @@ def train_step(
         wait_for_device(loss.device)
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    if before_update is not None:
+        before_update()
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
@@ -252,6 +260,67 @@ def local_state(
         OPTIMIZER: _to_local(optim_sd),
         SCHEDULER: scheduler.state_dict(),
     }
+
+
+def live_views(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The model and optimizer parts of a `local_state()` result, if every tensor in them shares
+    its memory with a parameter, buffer or optimizer-state tensor of this rank and every other
+    value in them is either the optimizer's hyperparameters (`param_groups`, which `live_state`
+    reads afresh) or none at all; None otherwise (a copy would show a stale state). Kept by an
+    attempt so that an in-process restart can stage the state it was interrupted in, with no
+    collective and no process group (rtj_trainer.trainer `Trainer.offer_live_state`)."""
+    live: set[int] = set()
+    for tensor in [*model.parameters(), *model.buffers()]:
+        live.add(_local_storage(tensor))
+    for per_param in optimizer.state.values():
+        for value in per_param.values():
+            if isinstance(value, torch.Tensor):
+                live.add(_local_storage(value))
+    optim = state[OPTIMIZER]
+    if (not isinstance(optim, dict) or set(optim) != {"state", "param_groups"}
+            or len(optim["param_groups"]) != len(optimizer.param_groups)):
+        return None
+    in_place = {MODEL: state[MODEL], "state": optim["state"]}
+    tensors: list[torch.Tensor] = []
+    if not _collect_tensors(in_place, tensors) or not tensors:
+        return None  # a number or a string among them would not follow the training
+    if any(_local_storage(t) not in live for t in tensors):
+        return None
+    return {MODEL: state[MODEL], OPTIMIZER: optim}
+
+
+def live_state(
+    views: dict[str, Any],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> dict[str, Any]:
+    """A `local_state()` result as the training state is now, from `live_views`: the tensors read
+    in place, the optimizer's hyperparameters (the learning rate the scheduler set last) and the
+    scheduler's state read afresh."""
+    optim = views[OPTIMIZER]
+    groups = [{**saved, **{k: v for k, v in group.items() if k != "params"}}
+              for saved, group in zip(optim["param_groups"], optimizer.param_groups, strict=True)]
+    return {MODEL: views[MODEL], OPTIMIZER: {"state": optim["state"], "param_groups": groups},
+            SCHEDULER: scheduler.state_dict()}
+
+
+def _local_storage(tensor: torch.Tensor) -> int:
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return int(local.untyped_storage().data_ptr())
+
+
+def _collect_tensors(tree: Any, into: list[torch.Tensor]) -> bool:
+    """Append every tensor of `tree` to `into`; False if it holds any other leaf."""
+    if isinstance(tree, torch.Tensor):
+        into.append(tree)
+        return True
+    if isinstance(tree, dict):
+        return all([_collect_tensors(value, into) for value in tree.values()])
+    if isinstance(tree, (list, tuple)):
+        return all([_collect_tensors(value, into) for value in tree])
+    return False
 
 
 def load_local_state(

@@ -80,6 +80,12 @@ class Session:
         """Store for `init_process_group` (None: the launcher's env:// rendezvous)."""
         return self._store
 
+    @property
+    def restarts_in_process(self) -> bool:
+        """This attempt runs inside NVRx's in-process wrapper: a soft fault re-enters the
+        training function in this process, which keeps its memory (the staging buffer)."""
+        return self._call_wrapper is not None
+
     def heartbeat(self) -> float:
         """Tell every watchdog this rank made progress; returns the heartbeat time."""
         resiliency = self._resiliency
@@ -377,15 +383,19 @@ def _pause_rank_monitor_abort(resiliency: Resiliency) -> Any:
 
 def _finish_interrupted_closes() -> Any:
     """An NVRx `Finalize` step: once the monitor thread stopped raising, close what an attempt's
-    own cleanup could not finish (its writer: keep it if idle, stop it if busy)."""
+    own cleanup could not finish (its writer: keep it if idle, stop it if busy), stage the
+    training state the attempt offered to keep (checkpoint.stage_offered) and start the
+    replacement of a writer stopped mid-write."""
     from nvidia_resiliency_ext.inprocess.finalize import Finalize
 
     class FinishInterruptedCloses(Finalize):  # type: ignore[misc]
         def __call__(self, state: Any) -> Any:
-            from .checkpoint import close_interrupted
+            from .checkpoint import ProcessWriter, close_interrupted, stage_offered
 
             if close_interrupted():
                 log.info("finished a checkpointer close that the restart interrupted")
+            stage_offered()  # the interrupted attempt's training state, for the next attempt
+            ProcessWriter.start_replacement()  # of a writer stopped mid-write
             return state
 
     return FinishInterruptedCloses()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config
+from .errors import FatalError
 from .faults import FaultInjector
 from .metrics import TrainerMetrics
 from .resiliency import Session
@@ -78,8 +79,11 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
             step=trainer.current_step, committed_step=committed_step,
             committed_time=committed_time, committed_dir=committed_dir,
         )
-    except BaseException:
+    except BaseException as exc:
         STOP.disarm()  # an in-process restart or a dying worker has nothing newer to save
+        if not isinstance(exc, (FatalError, KeyboardInterrupt, SystemExit)):
+            # An in-process restart resumes from the state this attempt reached, if it is intact.
+            trainer.offer_live_state()
         raise
     finally:
         metrics.unwatch()

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from . import parallel, timeline
-from .checkpoint import Checkpointer, close_interrupted, job_identity
+from .checkpoint import Checkpointer, close_interrupted, job_identity, stage_offered
 from .checkpoint.store import read_commit_log
 from .config import Config
 from .data import TokenBatches
@@ -52,7 +52,8 @@ STEP_COMPLETED_AT = "step_completed_at"
 NEXT_STEP = "next_step"
 FINGERPRINT = "fingerprint"
 LOSSES_FILE = "losses.jsonl"
-_FROM = {"local": " from the node-local copies", "memory": " from the staging copy in memory"}
+_FROM = {"local": " from the node-local copies", "memory": " from the staging copy in memory",
+         "live": " from the training state at the fault, kept in memory (no step recomputed)"}
 """How the resume log names where a checkpoint was read from (the shared store: nothing)."""
 
 
@@ -123,6 +124,7 @@ class Trainer:
         self.data = TokenBatches(cfg.data, seq_len=cfg.model.seq_len,
                                  vocab_size=cfg.model.vocab_size)
         close_interrupted()  # an earlier attempt's writer: kept or stopped before a new one
+        stage_offered()  # and the training state it offered to keep, if the finalize step did not
         self.checkpointer = Checkpointer(
             cfg.checkpoint,
             root=Path(cfg.checkpoint.dir),
@@ -161,6 +163,14 @@ class Trainer:
         self._losses: IO[str] | None = None
         self._interruptible = cfg.resiliency.inprocess_restart and ctx.device.type == "cuda"
         """Wait for the GPU at points within a step (in-process restart: parallel.train_step)."""
+        self._keeps_live_state = bool(session.restarts_in_process
+                                      and cfg.checkpoint.interval_steps)
+        """An in-process restart stages the state this attempt reached (`keep_live_state`)."""
+        self._live_views: dict[str, Any] | None = None
+        """The model and optimizer state read in place (parallel.live_views), once known."""
+        self._live: tuple[int, dict[str, Any], float] | None = None
+        """(step, RNG state, completed at) while the model and optimizer hold the state after
+        that step; None from the moment the optimizer starts updating until the step is done."""
 
     @classmethod
     def build(cls, cfg: Config, session: Session) -> Trainer:
@@ -178,16 +188,51 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's whole checkpoint (tensors still on the device)."""
-        state = parallel.local_state(self.model, self.optimizer, self.scheduler)
+        state = self._whole_state(parallel.local_state(self.model, self.optimizer, self.scheduler),
+                                  rng=parallel.rng_state(self.ctx.device), completed_at=time.time())
+        if self._keeps_live_state:
+            known = self._live_views is not None
+            self._live_views = parallel.live_views(self.model, self.optimizer, state)
+            if self._live_views is None and (known or self.saved_step is None):
+                log.warning("the training state cannot be read in place (a state-dict tensor is "
+                            "a copy): an in-process restart resumes from the last save",
+                            extra={"rank": self.rank})
+        return state
+
+    def _whole_state(self, local: dict[str, Any], *, rng: dict[str, Any],
+                     completed_at: float) -> dict[str, Any]:
+        state = dict(local)
         state.update({
             STEP: self.current_step,
-            RNG: parallel.rng_state(self.ctx.device),
+            RNG: rng,
             DATA: {NEXT_STEP: self.current_step + 1, FINGERPRINT: self.data.fingerprint()},
             MONITOR: self.session.monitor_state(),
             PRODUCTIVE_SECONDS: self.productive_seconds,
-            STEP_COMPLETED_AT: time.time(),
+            STEP_COMPLETED_AT: completed_at,
         })
         return state
+
+    def offer_live_state(self) -> bool:
+        """An in-process restart interrupted this attempt (any exception but a fatal one): when the
+        model and optimizer still hold the state after the last completed step, offer that state
+        to the checkpointer (Checkpointer.offer_live), which stages it into its staging buffer
+        once nothing can interrupt (the wrapper's finalize step), so that the next attempt
+        resumes from it (when every rank did the same) instead of rolling back to the last save.
+        The state is read in place and needs no process group: on every rank but the failing
+        one, NVRx has aborted and destroyed it by now. Returns whether it offered."""
+        live, views = self._live, self._live_views
+        if not self._keeps_live_state or live is None or views is None:
+            return False
+        step, rng, completed_at = live
+        if step != self.current_step:
+            return False
+        local = parallel.live_state(views, self.optimizer, self.scheduler)
+        self.checkpointer.offer_live(step, self._whole_state(local, rng=rng,
+                                                             completed_at=completed_at))
+        return True
+
+    def _updating(self) -> None:
+        self._live = None  # the optimizer starts changing the parameters
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         parallel.load_local_state(self.model, self.optimizer, self.scheduler, state)
@@ -231,7 +276,8 @@ class Trainer:
         with self.session.section("step"):
             batch = self.data.batch(step, self.rank).to(self.ctx.device, non_blocking=True)
             loss = parallel.train_step(self.model, self.optimizer, self.scheduler, batch,
-                                       self.cfg.optim.grad_clip, interruptible=self._interruptible)
+                                       self.cfg.optim.grad_clip, interruptible=self._interruptible,
+                                       before_update=self._updating)
             # The blocking copy in `item()` must not hold the GIL (see parallel.train_step).
             parallel.wait_for_device(loss.device)
             self.loss = float(loss.item())
@@ -240,6 +286,8 @@ class Trainer:
         self.steps_this_attempt += 1
         self.session.heartbeat()
         self.current_step, self.step_seconds = step, seconds
+        if self._keeps_live_state:
+            self._live = (step, parallel.rng_state(self.ctx.device), time.time())
         if self._losses is not None:
             self._losses.write(json.dumps({"step": step, "loss": self.loss,
                                            "attempt": self.identity, "pid": os.getpid(),

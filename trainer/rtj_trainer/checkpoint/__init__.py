@@ -18,6 +18,7 @@ from .checkpointer import (
     LoadedCheckpoint,
     ProcessWriter,
     close_interrupted,
+    stage_offered,
 )
 from .format import (
     FORMAT_VERSION,
@@ -109,6 +110,7 @@ __all__ = [
     "resume_plans",
     "shard_file_name",
     "shard_record_name",
+    "stage_offered",
     "stage_to_host",
     "step_of",
     "tensor_views",

@@ -134,8 +134,9 @@ class LoadedCheckpoint:
     state: dict[str, Any]
     rejected: tuple[str, ...]
     source: str = "store"
-    """"store" (the shared store), "local" (every rank's node-local copy) or "memory" (every
-    rank's staging buffer, after an in-process restart)."""
+    """"store" (the shared store), "local" (every rank's node-local copy), "memory" (every
+    rank's staging buffer, after an in-process restart) or "live" (the same, holding the training
+    state the interrupted attempt had reached: `stage_live`)."""
 
 
 def _spawn_writer(rank: int) -> Any:
@@ -187,9 +188,28 @@ class ProcessWriter:
         if cls._kept is None:
             cls._kept = _spawn_writer(rank)
 
+    _replace: int | None = None
+    """The rank whose writer an in-process restart stopped while it was writing: a replacement is
+    started as soon as nothing can interrupt any more (`start_replacement`)."""
+
+    @classmethod
+    def stopped_busy(cls, rank: int) -> None:
+        cls._replace = rank
+
+    @classmethod
+    def start_replacement(cls) -> None:
+        """Start the replacement of a writer stopped mid-write, so that the next attempt's first
+        save does not queue behind its start-up (seconds of imports: on two CPU cores a rank
+        waited 5 s for it at its second save, its peer's gloo collective timed out, and the
+        attempt restarted again). Called from the wrapper's finalize step."""
+        rank, cls._replace = cls._replace, None
+        if rank is not None:
+            cls.prestart(rank)
+
     @classmethod
     def take(cls, rank: int) -> Any:
         """The kept writer if it still runs, else a new one."""
+        cls._replace = None
         queue, cls._kept = cls._kept, None
         if queue is not None and _writer_alive(queue):
             return queue
@@ -356,6 +376,29 @@ class Checkpointer:
         self.stats.last_wait_seconds = pending.wait_seconds
         self.stats.last_copy_seconds = pending.copy_seconds
         return pending.stall_seconds
+
+    def offer_live(self, step: int, state: dict[str, Any]) -> None:
+        """An in-process restart interrupted the attempt after `step` with the training state
+        intact; `state` reads that state in place (parallel.live_views). Staged once nothing can
+        interrupt any more (`stage_offered`, from the wrapper's finalize step)."""
+        _OFFERED[:] = [(self, step, state)]
+
+    def stage_live(self, step: int, state: dict[str, Any]) -> None:
+        """Stage `state` (no collective) into the staging buffer as the save of `step`, nothing
+        written anywhere. Every rank that does so at the same step lets the next attempt resume
+        from there (`_load_staged`), with no step computed again. A write still reading the
+        buffer is stopped first (as `close(abort=True)` would stop it). Cut short, the buffer
+        holds no save at all, and the next attempt resumes from a copy on disk."""
+        if self._queue is not None and not self._writer_idle():
+            log.info("checkpoint writer stopped: a write was in flight",
+                     extra={"rank": self.rank})
+            with contextlib.suppress(Exception):
+                self._queue.close(abort=True)
+            self._queue = None
+            ProcessWriter.stopped_busy(self.rank)
+        skeleton, layout, _ = stage_to_host(state, self.device, self._staging)
+        self._staging.staged = Staged(step, self.identity, self.rank, self.world_size, skeleton,
+                                      layout, live=True)
 
     def poll(self) -> CheckpointStats:
         """Finalize finished local writes and notice commits. Cheap and local: on rank 0 a queue
@@ -583,7 +626,7 @@ class Checkpointer:
                                 tensor_views(buffer, staged.layout))
         self._resumed_from = directory
         return LoadedCheckpoint(directory, records.get(directory.name) is not None, state, (),
-                                source="memory")
+                                source="live" if staged.live else "memory")
 
     def _load_local(
         self, newest_committed: int, records: dict[str, dict[str, Any] | None],
@@ -644,6 +687,7 @@ class Checkpointer:
                          extra={"rank": self.rank})
                 with contextlib.suppress(Exception):
                     self._queue.close(abort=True)
+                ProcessWriter.stopped_busy(self.rank)
             else:
                 self._wait_for_local_write()
                 self._queue.maybe_finalize_async_calls(blocking=True, no_dist=True)
@@ -660,6 +704,29 @@ class Checkpointer:
 
 _UNCLOSED: list[Checkpointer] = []
 """Checkpointers whose close() has not run to its end."""
+_OFFERED: list[tuple[Checkpointer, int, dict[str, Any]]] = []
+"""The training state an interrupted attempt offered to keep (`offer_live`), not staged yet."""
+
+
+def stage_offered() -> int | None:
+    """Stage the training state an interrupted attempt offered (`Checkpointer.offer_live`), so
+    that the next attempt can resume from it: called where no asynchronous exception of NVRx's
+    monitor thread can land any more (the wrapper's finalize step, after `close_interrupted`),
+    and before a new attempt builds its checkpointer. Returns the step staged, if any."""
+    if not _OFFERED:
+        return None
+    checkpointer, step, state = _OFFERED.pop()
+    _OFFERED.clear()
+    began = time.perf_counter()
+    try:
+        checkpointer.stage_live(step, state)
+    except Exception as exc:  # the restart goes on: the next attempt resumes from a copy
+        log.warning("could not keep the training state after step %d in memory: %s", step, exc,
+                    extra={"rank": checkpointer.rank})
+        return None
+    log.info("kept the training state after step %d in memory for the next attempt (%.3f s)",
+             step, time.perf_counter() - began, extra={"rank": checkpointer.rank})
+    return step
 
 
 def close_interrupted() -> int:

@@ -57,6 +57,9 @@ class Staged:
     world_size: int
     skeleton: Any
     layout: list[TensorLayout]
+    live: bool = False
+    """Staged at an in-process restart from the interrupted attempt's training state (not a
+    checkpoint save): no copy of it exists anywhere else."""
 
 
 def flatten_state(tree: Any, tensors: list[torch.Tensor]) -> Any:
