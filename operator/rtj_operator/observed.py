@@ -71,6 +71,13 @@ class PodView:
         return self.phase in ("Succeeded", "Failed")
 
     @property
+    def completed_training(self) -> bool:
+        """Exited 0 at the end of training: not a trainer that was asked to stop and
+        checkpointed first (that exits 0 too)."""
+        return self.phase == "Succeeded" and not (self.outcome is not None
+                                                  and self.outcome.stopped)
+
+    @property
     def node_lost(self) -> bool:
         """The pod's node is lost: not Ready (False or Unknown) and tainted by the node
         controller. Its kubelet can no longer finish a graceful delete."""

@@ -142,6 +142,39 @@ def test_no_restart_once_a_pod_has_succeeded() -> None:
     assert two.status["state"] != "Succeeded"
 
 
+def test_the_rendezvous_pod_ending_after_a_trainer_finished_is_not_a_lost_rendezvous() -> None:
+    # Training is over: one launcher's workers completed, it closed the rendezvous for good and
+    # nvrx-control exited 0, while the other launcher still waits in torchelastic's exit barrier
+    # (30 s when a standby spare never reaches it). Seen in the e2e spare test on a loaded
+    # machine: a FullRestart (RendezvousLost) of a job that had finished its last step.
+    j = job()
+    one = running(j)
+    ending = world(trainer(0, "Succeeded", exit_code=0), trainer(1),
+                   rdzv=rendezvous("Succeeded", exit_code=0))
+    two = then(one, j, ending, now=T0 + timedelta(seconds=90))
+    assert not two.of_type(DeletePod), two.actions
+    assert "FullRestart" not in events(two)
+    assert two.status["state"] == "Running"
+    done = world(trainer(0, "Succeeded", exit_code=0), trainer(1, "Succeeded", exit_code=0),
+                 rdzv=rendezvous("Succeeded", exit_code=0))
+    three = then(two, j, done, now=T0 + timedelta(seconds=95))
+    assert three.status["state"] == "Succeeded"
+    assert three.status["restarts"]["full"] == 0
+
+
+def test_a_rendezvous_pod_that_ended_while_no_trainer_finished_is_still_lost() -> None:
+    j = job()
+    one = running(j)
+    two = then(one, j, world(trainer(0), trainer(1), rdzv=rendezvous("Succeeded", exit_code=0)),
+               now=T0 + timedelta(seconds=90))
+    assert "FullRestart" in events(two)
+    stopped = TrainerOutcome(outcome="Stopped", step=40, committed_step=40)
+    three = then(one, j, world(trainer(0, "Succeeded", exit_code=0, outcome=stopped), trainer(1),
+                               rdzv=rendezvous("Succeeded", exit_code=0)),
+                 now=T0 + timedelta(seconds=90))
+    assert "FullRestart" in events(three)  # a pod that stopped on purpose did not finish
+
+
 def test_success_next_to_a_failure_is_a_partial_completion() -> None:
     j = job()
     one = running(j)

@@ -201,8 +201,7 @@ def completion(p: _Pass, start_time: datetime) -> Decision | None:
     """Succeeded when every trainer pod exited 0; no restarts once one has."""
     pods = p.observed.trainer_pods
     # A trainer that was asked to stop and checkpointed first also exits 0: not a success.
-    succeeded = [i for i, pod in pods.items() if pod.phase == "Succeeded"
-                 and not (pod.outcome is not None and pod.outcome.stopped)]
+    succeeded = [i for i, pod in pods.items() if pod.completed_training]
     if not succeeded:
         return None
     # A replacement still waiting for a launcher round never ran a worker: it cannot finish.

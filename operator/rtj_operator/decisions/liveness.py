@@ -449,6 +449,17 @@ def following_a_peer(p: _Pass, pod: PodView) -> bool:
                for other in p.observed.trainer_pods.values() if other is not pod)
 
 
+def _closed_after_training(p: _Pass, rendezvous: PodView | None) -> bool:
+    """The rendezvous pod exited 0 after a trainer pod completed its training (exit 0, not a
+    stop): a launcher whose workers finished closes the rendezvous for good and nvrx-control then
+    exits, while the other launchers may still wait in torchelastic's exit barrier (30 s when a
+    standby spare never reaches it). That is the job ending (rule 6 finishes it once they exit),
+    not a lost store."""
+    if rendezvous is None or rendezvous.deleting or rendezvous.phase != "Succeeded":
+        return False
+    return any(pod.completed_training for pod in p.observed.trainer_pods.values())
+
+
 def find_faults(p: _Pass) -> list[DetectedFault]:
     faults: list[DetectedFault] = []
     pods = p.observed.trainer_pods
@@ -499,7 +510,7 @@ def find_faults(p: _Pass) -> list[DetectedFault]:
     if live_trainers and rendezvous_evicted is not None:
         # Every pod starts again: the other faults of this pass need nothing more.
         return [rendezvous_evicted]
-    if live_trainers and (
+    if live_trainers and not _closed_after_training(p, rendezvous) and (
         rendezvous is None or rendezvous.deleting or rendezvous.terminated or lost
     ):
         # The store and the rounds are gone: every launcher fails; restart everything.

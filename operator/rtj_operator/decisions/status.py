@@ -123,6 +123,12 @@ def running(p: _Pass, start_time: datetime) -> Decision:
              for i in p.active()):
         state, reason = JobState.PENDING, Reason.STARTING
         message = "Waiting for every rank's heartbeat."
+    elif finished := [i for i in p.active() if (pod := p.observed.trainer_pods.get(i))
+                      is not None and pod.completed_training]:
+        # Rule 6 ends the job once the others exit too (exit barriers, the rendezvous closing).
+        state, reason = JobState.RUNNING, Reason.RUNNING
+        message = (f"Training finished on {len(finished)} of {len(p.active())} pods; waiting for "
+                   "the others to exit.")
     else:
         state, reason = JobState.PENDING, Reason.CREATING
         message = "Creating and starting the pods."
