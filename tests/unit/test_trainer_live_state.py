@@ -1,5 +1,5 @@
 """Resuming from the state an interrupted attempt reached (rtj_trainer.trainer
-`Trainer.keep_live_state`): the model and optimizer state read in place (parallel.live_views) show
+`Trainer.offer_live_state`): the model and optimizer state read in place (parallel.live_views) show
 the training state as it is, with no process group; `train_step` says when the optimizer starts
 changing it; a state offered that way and staged by the wrapper's finalize step is what the next
 attempt resumes from, as an uncommitted save of that step ("live")."""

@@ -181,7 +181,7 @@ def train_step(
 
     `before_update` is called right before the optimizer starts changing the parameters: up to
     then the model and optimizer still hold the state after the previous step (what an
-    in-process restart may resume from, rtj_trainer.trainer `Trainer.keep_live_state`).
+    in-process restart may resume from, rtj_trainer.trainer `Trainer.offer_live_state`).
 
     `interruptible` (in-process restart on CUDA): wait for the GPU, with the GIL released, after
     the forward and after the backward pass. A rank whose peer failed is stuck behind a

@@ -165,7 +165,7 @@ class Trainer:
         """Wait for the GPU at points within a step (in-process restart: parallel.train_step)."""
         self._keeps_live_state = bool(session.restarts_in_process
                                       and cfg.checkpoint.interval_steps)
-        """An in-process restart stages the state this attempt reached (`keep_live_state`)."""
+        """An in-process restart stages the state this attempt reached (`offer_live_state`)."""
         self._live_views: dict[str, Any] | None = None
         """The model and optimizer state read in place (parallel.live_views), once known."""
         self._live: tuple[int, dict[str, Any], float] | None = None

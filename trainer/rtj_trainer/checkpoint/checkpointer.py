@@ -390,15 +390,19 @@ class Checkpointer:
         buffer is stopped first (as `close(abort=True)` would stop it). Cut short, the buffer
         holds no save at all, and the next attempt resumes from a copy on disk."""
         if self._queue is not None and not self._writer_idle():
-            log.info("checkpoint writer stopped: a write was in flight",
-                     extra={"rank": self.rank})
-            with contextlib.suppress(Exception):
-                self._queue.close(abort=True)
-            self._queue = None
-            ProcessWriter.stopped_busy(self.rank)
+            self._stop_busy_writer()
         skeleton, layout, _ = stage_to_host(state, self.device, self._staging)
         self._staging.staged = Staged(step, self.identity, self.rank, self.world_size, skeleton,
                                       layout, live=True)
+
+    def _stop_busy_writer(self) -> None:
+        """Stop this rank's writer, which is still writing from the staging buffer; its
+        replacement starts at the wrapper's finalize step (ProcessWriter.start_replacement)."""
+        log.info("checkpoint writer stopped: a write was in flight", extra={"rank": self.rank})
+        with contextlib.suppress(Exception):
+            self._queue.close(abort=True)
+        self._queue = None
+        ProcessWriter.stopped_busy(self.rank)
 
     def poll(self) -> CheckpointStats:
         """Finalize finished local writes and notice commits. Cheap and local: on rank 0 a queue
@@ -683,11 +687,7 @@ class Checkpointer:
                          extra={"rank": self.rank})
             elif abort:
                 # A write may still read the staging buffer, which the next attempt reuses.
-                log.info("checkpoint writer stopped: a write was in flight",
-                         extra={"rank": self.rank})
-                with contextlib.suppress(Exception):
-                    self._queue.close(abort=True)
-                ProcessWriter.stopped_busy(self.rank)
+                self._stop_busy_writer()
             else:
                 self._wait_for_local_write()
                 self._queue.maybe_finalize_async_calls(blocking=True, no_dist=True)
@@ -715,8 +715,7 @@ def stage_offered() -> int | None:
     and before a new attempt builds its checkpointer. Returns the step staged, if any."""
     if not _OFFERED:
         return None
-    checkpointer, step, state = _OFFERED.pop()
-    _OFFERED.clear()
+    checkpointer, step, state = _OFFERED.pop()  # offer_live keeps at most one
     began = time.perf_counter()
     try:
         checkpointer.stage_live(step, state)
