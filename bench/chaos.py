@@ -50,7 +50,6 @@ import copy
 import json
 import os
 import random
-import re
 import shlex
 import signal
 import sys
@@ -62,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rtj_trainer.checkpoint.format import step_of
 
 from .common import (
     OPERATOR_SOURCES,
@@ -86,8 +86,6 @@ KINDS = (*TRAINER_KINDS, "pod-kill", "node-partition", "rendezvous-kill", "opera
          "writer-kill")
 RANKS = 4
 """2 pods x 2 ranks."""
-CHECKPOINT_DIR = re.compile(r"^step-(\d{9})\.(.+)$")
-"""A checkpoint directory's name (rtj_trainer.checkpoint.format.checkpoint_dir_name)."""
 
 
 # --- the plan (pure) ----------------------------------------------------------------------------
@@ -205,19 +203,19 @@ def analyse_fault(result: FaultResult, records: list[StepRecord],
 
 def read_commits(directory: Path, commits: dict[int, float]) -> dict[int, float]:
     """Add to `commits` (step -> unix time of the commit) every checkpoint committed under the
-    job's checkpoint directory: a `step-<9 digits>.<attempt>/manifest.json` (the trainer's
-    rtj_trainer.checkpoint.format names), read for its `step` and `committed_at`. The earliest
-    commit of a step counts; a manifest being replaced or unreadable is skipped this time."""
+    job's checkpoint directory: a `step-<9 digits>.<attempt>/manifest.json` (named by
+    rtj_trainer.checkpoint.format), read for its `step` and `committed_at`. A step already known
+    keeps its time (the campaign polls, so that is its first commit; a later attempt may commit
+    the same step again); a manifest being replaced or unreadable is skipped this time."""
     for manifest in directory.glob("step-*/manifest.json"):
-        match = CHECKPOINT_DIR.match(manifest.parent.name)
-        if match is None or int(match.group(1)) in commits:
+        step = step_of(manifest.parent.name)
+        if step is None or step in commits:
             continue
         try:
             data = json.loads(manifest.read_text())
-            step, at = int(data["step"]), float(data["committed_at"])
+            commits[int(data["step"])] = float(data["committed_at"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        commits[step] = min(at, commits.get(step, at))
     return commits
 
 
