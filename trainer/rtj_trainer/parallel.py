@@ -14,6 +14,7 @@ manifest records and checks (the operator never changes WORLD_SIZE within a job)
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -165,6 +166,28 @@ def wait_for_device(device: torch.device) -> None:
         event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record()
         event.synchronize()
+
+
+def barrier(keepalive: Callable[[], object], *, timeout: timedelta,
+            every_seconds: float = 0.5) -> None:
+    """`dist.barrier()` that calls `keepalive` (the heartbeat) every `every_seconds` while it
+    waits for the other ranks: a rank that reached the barrier is alive, however long a peer
+    takes to get there (a slow last commit, a loaded host), and its watchdogs must not take the
+    wait for a hang. A peer that never comes is the collective timeout's to end: past
+    `timeout` this waits on the barrier's own result, which raises where the backend timed out."""
+    work = dist.barrier(async_op=True)
+    assert work is not None
+    deadline = time.monotonic() + timeout.total_seconds()
+    last = 0.0
+    pause = 0.001
+    while not work.is_completed() and time.monotonic() < deadline:
+        now = time.monotonic()
+        if now - last >= every_seconds:
+            keepalive()
+            last = now
+        time.sleep(pause)
+        pause = min(0.05, pause * 2)
+    work.wait()
 
 
 def train_step(

@@ -130,6 +130,18 @@ class Session:
             with self._call_wrapper.atomic():
                 yield
 
+    def training_finished(self) -> None:
+        """Every rank reached the end of training with its last checkpoint committed: leave the
+        rank monitor (it times nothing once the connection is gone), so that the way out (NVRx's
+        completion barrier, the launcher's exit barrier, a loaded host) is not taken for a hang
+        and a finished worker is not killed. An in-process restart after this reconnects."""
+        resiliency = self._resiliency
+        with resiliency._client_lock:
+            client = resiliency.client
+            if client is not None and client.is_initialized:
+                with contextlib.suppress(Exception):
+                    client.shutdown_workload_monitoring()
+
     def after_step(self, steps_this_attempt: int) -> None:
         """Learn heartbeat timeouts once, after the configured number of steps (collective)."""
         client = self._resiliency.client

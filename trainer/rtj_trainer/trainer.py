@@ -333,7 +333,10 @@ class Trainer:
         self._close_losses()
         with self.session.section("checkpoint"):
             self.checkpointer.wait_until_committed()
-        dist.barrier()
+        self._barrier()
+        # Every rank's last checkpoint is committed: what is left (the exit, NVRx's completion
+        # barrier, the launcher's) sends no heartbeat and must not be timed as a hang.
+        self.session.training_finished()
         self.checkpointer.discard_local_copies()
 
     def stop(self, step: int, agreement: StopAgreement) -> bool:
@@ -358,8 +361,13 @@ class Trainer:
                      step, committed, time.perf_counter() - began,
                      "every rank was asked to stop" if everyone
                      else "some ranks were asked to stop; the others will restart")
-        dist.barrier()
+        self._barrier()
         return everyone
+
+    def _barrier(self) -> None:
+        """Wait for every rank, beating meanwhile (parallel.barrier)."""
+        parallel.barrier(self.session.heartbeat,
+                         timeout=parallel.collective_timeout(self.cfg, self.ctx.device))
 
     def summary(self, loop_seconds: float) -> dict[str, Any]:
         """The summary JSON of a finished job (rank 0 prints it)."""
