@@ -239,7 +239,11 @@ def test_suspend_commits_the_current_step_and_resume_continues_from_it(
     stopped_at = losses[-1]["step"]  # the last step trained before the suspend
     assert 30 <= stopped_at < 150
     commits = [json.loads(line) for line in (directory / "commits.jsonl").read_text().splitlines()]
-    assert commits[-1]["step"] == stopped_at, (stopped_at, commits[-3:])  # that step, committed
+    stop_logs = lambda: "\n".join(  # noqa: E731
+        line for pod in (f"{name}-0", f"{name}-1")
+        for line in cluster.pod_log(ns, pod).splitlines()[-400:] if "waitForInput" not in line)
+    # that step, committed
+    assert commits[-1]["step"] == stopped_at, (stopped_at, commits[-3:], stop_logs())
     assert json.loads((directory / "job-state.json").read_text())["stopped_step"] == stopped_at
     # The operator records it when a pass saw the pods' termination messages before they went.
     recorded = suspended["lastCheckpoint"]["step"]

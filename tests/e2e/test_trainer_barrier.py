@@ -1,5 +1,6 @@
-"""parallel.barrier: the end-of-training barrier keeps beating while a peer is slow, and still
-ends (with the backend's error) when a peer never comes. Two real gloo processes."""
+"""parallel.barrier and parallel.wait_for_peers, on two real gloo processes: the end-of-training
+barrier keeps beating while a peer is slow and still ends (with the backend's error) when a peer
+never comes; a peer later than the collective timeout still joins the process group."""
 
 from __future__ import annotations
 
@@ -70,3 +71,49 @@ def test_a_peer_that_never_comes_ends_the_wait_with_the_backends_error(tmp_path:
     assert result["error"] is not None
     assert 1.5 <= float(result["waited"]) < 10  # type: ignore[arg-type]
     assert len(result["beats"]) >= 5  # type: ignore[arg-type]
+
+
+def _late_rank(rank: int, store_path: str, out: str, late_seconds: float, wait: bool) -> None:
+    store = dist.FileStore(store_path, 2)
+    if rank == 1:
+        time.sleep(late_seconds)
+    began = time.monotonic()
+    error = None
+    try:
+        if wait:
+            parallel.wait_for_peers(store, 2)
+        # gloo's own set-up waits at most the process group's timeout for a late peer
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
+                                timeout=timedelta(seconds=2))
+        dist.barrier()
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    Path(out).write_text(json.dumps({"waited": time.monotonic() - began, "error": error}))
+
+
+def _join_late(tmp_path: Path, wait: bool) -> list[dict[str, object]]:
+    ctx = multiprocessing.get_context("fork")
+    outs = [tmp_path / f"late{r}.json" for r in range(2)]
+    procs = [ctx.Process(target=_late_rank,
+                         args=(r, str(tmp_path / "late-store"), str(outs[r]), 4.0, wait))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=60)
+    return [json.loads(out.read_text()) if out.exists() else {"error": "no result"}
+            for out in outs]
+
+
+def test_a_rank_later_than_the_collective_timeout_still_joins_the_process_group(
+        tmp_path: Path) -> None:
+    """In-process restart on CPU: the process group's timeout is 5 s, and a peer later than
+    that to `init_process_group` made the ranks that came first fail (one more restart).
+    Waiting for the peers first, in Python, lets the group form however late one of them is."""
+    results = _join_late(tmp_path, wait=True)
+    assert [r["error"] for r in results] == [None, None]
+    assert float(results[0]["waited"]) >= 3.5  # type: ignore[arg-type]
+    # The same without the wait: the rank that came first gives up.
+    (tmp_path / "late-store").unlink()
+    without = _join_late(tmp_path, wait=False)
+    assert without[0]["error"] is not None, without

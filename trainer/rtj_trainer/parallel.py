@@ -88,6 +88,7 @@ def init_distributed(
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs: dict[str, Any] = {"timeout": collective_timeout(cfg, device)}
     if store is not None:
+        wait_for_peers(store, launch.world_size)
         kwargs.update(store=store, rank=launch.rank, world_size=launch.world_size)
     if device.type == "cuda":
         kwargs["device_id"] = device
@@ -100,6 +101,37 @@ def init_distributed(
         device=device,
         mesh=mesh,
     )
+
+
+PEERS_KEY = "rtj-ranks-arrived"
+PEER_ARRIVAL_TIMEOUT = timedelta(seconds=120)
+"""How long a rank waits for the others of its restart iteration before giving up (the in-process
+wrapper's store timeout); a rank that died meanwhile is the wrapper's to notice first."""
+
+
+def wait_for_peers(store: Store, world_size: int,
+                   timeout: timedelta = PEER_ARRIVAL_TIMEOUT) -> None:
+    """Wait in Python, not inside `init_process_group`, until every rank of this restart
+    iteration has come (a counter in `store`, which is fresh for every iteration).
+
+    In the in-process wrapper a rank that waits for a slower peer inside gloo's or NCCL's
+    set-up blocks in C++: the wrapper's progress watchdog gets no timestamp from it, and after
+    the soft timeout it restarts a rank that is only waiting (seen on a loaded host where some
+    workers took 35 s longer to import: one spurious in-process restart at every start). gloo's
+    own set-up also gives up after the collective timeout (5 s on CPU with in-process restart).
+    This loop runs Python between short sleeps, so the watchdog's timestamps keep coming (no
+    manual ping, and no heartbeat to the rank monitor, whose initial timeout still covers the
+    start), and the process group is only set up once everyone is there."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    arrived = store.add(PEERS_KEY, 1)
+    pause = 0.01
+    while arrived < world_size:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{arrived} of {world_size} ranks reached the process group "
+                               f"within {timeout.total_seconds():g} s")
+        time.sleep(pause)
+        pause = min(0.2, pause * 2)
+        arrived = store.add(PEERS_KEY, 0)
 
 
 def build_model(cfg: Config, ctx: DistributedContext, *, initialise: bool = True) -> GPT:

@@ -213,10 +213,10 @@ class Resiliency:
         """Once this worker was asked to stop (rtj_trainer.stop), disconnect from its rank
         monitor (call with `_client_lock` held) and send it nothing more. The monitor treats the
         lost connection as a restarting rank and times nothing, so the last save may take
-        longer than a heartbeat timeout; and where the pod's SIGTERM reached the monitors too
-        (they share the launcher's process group in the test harness) they are closing, and a
-        message that fails halfway leaves NVRx 0.7.0's client with a pickled buffer that later
-        crashes the interpreter ("deallocated BytesIO object has exported buffers")."""
+        longer than a heartbeat timeout; and where a signal reached the monitors too (a
+        SIGTERM sent to the launcher's whole process group, not to it alone) they are closing,
+        and a message that fails halfway leaves NVRx 0.7.0's client with a pickled buffer that
+        later crashes the interpreter ("deallocated BytesIO object has exported buffers")."""
         if STOP.requested and self.client is not None and self.client.is_initialized:
             with contextlib.suppress(Exception):
                 self.client.shutdown_workload_monitoring()
@@ -350,6 +350,13 @@ class Resiliency:
                 # iteration, and hand the error to the caller below.
                 fatal.append(exc)
                 raise inprocess.exception.RestartAbort(str(exc)) from exc
+            except BaseException as exc:
+                # Where the attempt was when it ended (a soft timeout during the start names
+                # the phase a rank was stuck in): its marks, and when it ended.
+                log.info("restart iteration %d ended by %s at %.3f; timeline %s", iteration,
+                         type(exc).__name__, time.time(), timeline.render(),
+                         extra={"rank": self.launch.rank})
+                raise
 
         # The wrapper finds the CallWrapper parameter by its (real, not string) annotation.
         attempt.__annotations__ = {"call_wrapper": inprocess.CallWrapper}

@@ -13,7 +13,8 @@ One process (`python -m harness.kubelet`) plays kubelet for N nodes:
   /dev/shm, /etc/hosts, volumes) inside a per-container cgroup. The image is ignored;
 * reports pod status (phase, conditions, containerStatuses with exit codes, 128+N for signal N),
   and annotates running pods with `harness.local/pgid`;
-* on deletionTimestamp: SIGTERM the process groups, SIGKILL after min(grace, 30 s), then deletes
+* on deletionTimestamp: SIGTERM each container's main process (as a container runtime does: not
+  its children), SIGKILL the cgroup after min(grace, 30 s), then deletes
   the pod with gracePeriodSeconds=0 like kubelet; processes of pods that vanish are killed;
 * a tiny provisioner: StorageClass `local-shared` (default class) -> hostPath PVs in a shared dir
   (stands in for FSx, ReadWriteMany);

@@ -22,7 +22,7 @@ from harness import cgroups
 from harness.controlapi import start_control_server
 from harness.kubeapi import JsonObject, KubeApi
 from harness.kubelet.runtime import RuntimeMixin
-from harness.kubelet.state import log, os_killpg, pod_path
+from harness.kubelet.state import log, os_kill, pod_path
 from harness.nodestate import (
     ContainerRun,
     PodRun,
@@ -194,9 +194,12 @@ class Kubelet(RuntimeMixin):
                         f"{meta['namespace']}/{meta['name']}: deleting, SIGTERM (grace {grace:g} s)"
                     )
                     run.kill_deadline = time.monotonic() + grace
+                    # Like a container runtime: SIGTERM to the container's main process only
+                    # (its PID 1), never to its children (ft_launcher's rank monitors, a
+                    # worker's writer), which the main process stops itself; SIGKILL to all.
                     for container in run.containers.values():
                         if container.running:
-                            os_killpg(container.popen.pid, signal.SIGTERM)
+                            os_kill(container.popen.pid, signal.SIGTERM)
             else:
                 self.finish_deletion(pod)
             return

@@ -37,6 +37,13 @@ def pod_path(pod: JsonObject) -> str:
     return f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
 
 
+def os_kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def os_killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
