@@ -49,14 +49,21 @@ def test_a_trainer_fatal_error_fails_the_job_at_once_with_the_trainers_reason(
     assert final["restarts"]["rank"] == 0 and final["restarts"]["full"] == 0, context()
     assert final["restarts"]["launcher"] == 0, context()
     assert events(cluster, ns, "TrainerFatalError"), context()
+    said = 0
     for pod in pods_by_role(cluster, ns, "trainer").values():
         terminated = pod["status"]["containerStatuses"][0]["state"].get("terminated")
         if terminated is None:  # stopped by the operator before it ended on its own
             continue
         assert terminated["exitCode"] == 93, terminated  # ft_launcher's "do not restart"
+        if not terminated.get("message"):
+            # Its launcher saw a peer's "do not restart" before its own workers failed (the
+            # operator's SIGTERM reaches the launcher alone, which then ends 93 at its poll).
+            continue
         message = json.loads(terminated["message"])
         assert message["outcome"] == "Failed" and message["exitCode"] == 94
         assert message["reason"] == "ConfigurationError"
+        said += 1
+    assert said >= 1, context()  # the trainer's own reason came from a termination message
 
 
 @pytest.mark.long
