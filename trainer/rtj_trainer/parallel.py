@@ -116,9 +116,9 @@ def wait_for_peers(store: Store, world_size: int,
 
     In the in-process wrapper a rank that waits for a slower peer inside gloo's or NCCL's
     set-up blocks in C++: the wrapper's progress watchdog gets no timestamp from it, and after
-    the soft timeout it restarts a rank that is only waiting (seen on a loaded host where some
-    workers took 35 s longer to import: one spurious in-process restart at every start). gloo's
-    own set-up also gives up after the collective timeout (5 s on CPU with in-process restart).
+    the soft timeout it restarts a rank that is only waiting. gloo's own set-up also gives up
+    after the collective timeout (5 s on CPU with in-process restart): a peer later than that
+    failed the ranks that came first (tests/e2e/test_trainer_barrier.py).
     This loop runs Python between short sleeps, so the watchdog's timestamps keep coming (no
     manual ping, and no heartbeat to the rank monitor, whose initial timeout still covers the
     start), and the process group is only set up once everyone is there."""

@@ -135,12 +135,8 @@ class Session:
         rank monitor (it times nothing once the connection is gone), so that the way out (NVRx's
         completion barrier, the launcher's exit barrier, a loaded host) is not taken for a hang
         and a finished worker is not killed. An in-process restart after this reconnects."""
-        resiliency = self._resiliency
-        with resiliency._client_lock:
-            client = resiliency.client
-            if client is not None and client.is_initialized:
-                with contextlib.suppress(Exception):
-                    client.shutdown_workload_monitoring()
+        with self._resiliency._client_lock:
+            self._resiliency.leave_rank_monitor()
 
     def after_step(self, steps_this_attempt: int) -> None:
         """Learn heartbeat timeouts once, after the configured number of steps (collective)."""
@@ -217,7 +213,13 @@ class Resiliency:
         SIGTERM sent to the launcher's whole process group, not to it alone) they are closing,
         and a message that fails halfway leaves NVRx 0.7.0's client with a pickled buffer that
         later crashes the interpreter ("deallocated BytesIO object has exported buffers")."""
-        if STOP.requested and self.client is not None and self.client.is_initialized:
+        if STOP.requested:
+            self.leave_rank_monitor()
+
+    def leave_rank_monitor(self) -> None:
+        """Disconnect from the rank monitor for good (call with `_client_lock` held); an
+        in-process restart reconnects (`resume_rank_monitor`)."""
+        if self.client is not None and self.client.is_initialized:
             with contextlib.suppress(Exception):
                 self.client.shutdown_workload_monitoring()
 
