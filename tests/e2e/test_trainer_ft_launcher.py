@@ -329,8 +329,12 @@ def test_a_fatal_error_stops_ft_launcher_at_once_with_the_no_restart_code(tmp_pa
 
 
 def _run_and_stop(tmp_path: Path, env: dict[str, str]) -> tuple[str, int]:
-    """Start a run, SIGTERM the launcher's process group after step 8 and check that the workers
-    committed the step they stopped at and exited 0; the output and that step."""
+    """Start a run, SIGTERM the launcher after step 8 and check that the workers committed the
+    step they stopped at and exited 0; the output and that step. The signal goes to the launcher
+    alone (train-local.sh execs it), as a container runtime sends it to a container's main
+    process: sent to the launcher's whole process group it would reach ft_launcher's rank
+    monitors too, which close at once, before the launcher asks the workers to stop, and the
+    workers' next heartbeat then fails (what made this test fail in CI)."""
     message_file = tmp_path / "termination-log"
     env = {"RTJ_TERMINATION_MESSAGE_PATH": str(message_file), **env}
     proc = _start(tmp_path, extra_env=env)
@@ -342,7 +346,7 @@ def _run_and_stop(tmp_path: Path, env: dict[str, str]) -> tuple[str, int]:
                 break
             time.sleep(0.05)
         assert proc.poll() is None, "the run ended before it could be stopped"
-        os.killpg(proc.pid, signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:
         try:
