@@ -201,6 +201,43 @@ def test_inprocess_restart_catches_a_hang_by_its_soft_timeout(tmp_path: Path) ->
     assert "resumed from step-000000007" in out and "from the training state at the fault" in out
 
 
+@pytest.mark.parametrize("startup_timeout", [None, 4])
+def test_a_slow_first_step_is_not_taken_for_a_hang_but_a_slow_later_step_is(
+    tmp_path: Path, startup_timeout: int | None
+) -> None:
+    """One rank whose main thread blocks for 8 s in one C call (a slow step, no Python running)
+    at step 1 and at step 12, with a 4 s in-process soft timeout. The first step of an attempt
+    has the start-up allowance (`resiliency.inprocess_startup_timeout_seconds`, by default the
+    heartbeat timeout, 60 s here): no restart there. Step 12 has none: the soft timeout restarts
+    the rank in its process. With the start-up timeout set to the soft timeout (no allowance,
+    the control) the first step is restarted as well."""
+    args = ["--set", "resiliency.inprocess_soft_timeout_seconds=4"]
+    if startup_timeout is not None:
+        args += ["--set", f"resiliency.inprocess_startup_timeout_seconds={startup_timeout}"]
+    out = _run(tmp_path, faults="1:0:stall=8,12:0:stall=8",
+               extra_env={"RTJ_INPROCESS_RESTART": "1", "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "60",
+                          "RTJ_NPROC_PER_NODE": "1"},
+               args=tuple(args))
+    losses = _losses(tmp_path)
+    assert len({e["pid"] for e in losses}) == 1  # every restart stayed in the process
+    assert "Did not get subsequent heartbeat" not in out  # no rank-monitor (launcher) restart
+    assert "Interruption.SOFT_TIMEOUT" in out
+    attempts: dict[str, list[int]] = {}
+    for entry in losses:
+        attempts.setdefault(entry["attempt"], []).append(entry["step"])
+    ended = re.findall(r"restart iteration (\d+) ended by (\w+)", out)
+    # The first attempt that logged steps ran through step 1 up to the slow step 12.
+    assert next(iter(attempts.values())) == list(range(1, 12)), attempts
+    if startup_timeout is None:
+        assert _summary(out)["restarts"] == {"inprocess": 1, "launcher": 0, "pod": 0}
+        assert ended == [("0", "RankShouldRestart")], ended
+    else:
+        # Attempt 0 was restarted in its slow first step, before it logged one.
+        assert _summary(out)["restarts"] == {"inprocess": 2, "launcher": 0, "pod": 0}
+        assert [iteration for iteration, _ in ended] == ["0", "1"], ended
+    assert [e["step"] for e in losses] == list(range(1, STEPS + 1))
+
+
 def test_inprocess_restart_stops_a_writer_that_is_still_writing(
     tmp_path: Path, fault_free: dict[int, float]
 ) -> None:

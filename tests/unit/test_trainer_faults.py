@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,11 +12,13 @@ pytestmark = pytest.mark.unit
 
 
 def test_fault_list_parses_every_kind() -> None:
-    faults = parse_faults(" 8:1:exception, 17:0:sigkill,26:1:hang,30:0:exit=3,40:2:launcher-kill,")
+    faults = parse_faults(" 8:1:exception, 17:0:sigkill,26:1:hang,30:0:exit=3,40:2:launcher-kill,"
+                          "41:0:stall=2.5")
     assert faults == (
         Fault(8, 1, "exception"), Fault(17, 0, "sigkill"), Fault(26, 1, "hang"),
-        Fault(30, 0, "exit", 3), Fault(40, 2, "launcher-kill"),
+        Fault(30, 0, "exit", 3), Fault(40, 2, "launcher-kill"), Fault(41, 0, "stall", seconds=2.5),
     )
+    assert faults[-1].marker_name == "step41-rank0-stall2.5"
     assert parse_faults("") == ()
 
 
@@ -29,6 +32,10 @@ def test_fault_list_parses_every_kind() -> None:
         ("8:1:exit=abc", "exit=CODE needs an integer"),
         ("8:1:exit=0", "CODE must be 1..255"),
         ("8:1:exit", "unknown KIND 'exit'"),
+        ("8:1:stall", "unknown KIND 'stall'"),
+        ("8:1:stall=soon", "stall=SECONDS needs a number"),
+        ("8:1:stall=0", "SECONDS must be in (0, 3600]"),
+        ("8:1:stall=nan", "SECONDS must be in (0, 3600]"),
     ],
 )
 def test_malformed_fault_entries_are_quoted_in_the_error(text: str, needle: str) -> None:
@@ -47,3 +54,13 @@ def test_a_fault_fires_once_per_job_even_for_a_new_process(tmp_path: Path) -> No
     restarted = FaultInjector(faults, rank=0, marker_dir=tmp_path)  # a later attempt
     restarted.maybe_fire(5)  # already fired: does nothing
     assert restarted.already_fired(faults[0]) and not restarted.already_fired(faults[1])
+
+
+def test_a_stall_blocks_the_step_and_then_lets_it_go_on(tmp_path: Path) -> None:
+    """A slow step, not a hang: `fire` returns (the step goes on) after blocking that long."""
+    (stall,) = parse_faults("3:0:stall=0.2")
+    injector = FaultInjector((stall,), rank=0, marker_dir=tmp_path)
+    began = time.monotonic()
+    injector.maybe_fire(3)
+    assert time.monotonic() - began >= 0.2
+    assert injector.already_fired(stall)

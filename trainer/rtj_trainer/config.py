@@ -166,8 +166,14 @@ class ResiliencyConfig(_Section):
     """Process-group timeout; default: 5 s on CPU/gloo with in-process restart (gloo cannot be
     aborted), otherwise 2 x heartbeat_timeout_seconds."""
     inprocess_max_restarts: int = Field(default=5, ge=0)
-    inprocess_soft_timeout_seconds: float | None = None
+    inprocess_soft_timeout_seconds: float | None = Field(default=None, gt=0)
     """Hang guard of the in-process wrapper; default: heartbeat_timeout_seconds / 2."""
+    inprocess_startup_timeout_seconds: float | None = Field(default=None, gt=0)
+    """The in-process wrapper's hang guard while an attempt starts: from entering the training
+    function (process group, model, checkpoint load) to the end of its first step, whose
+    one-time costs (allocator, communicator and kernel warm-up; a loaded host) block the main
+    thread in C++ for longer than a step; then the soft timeout applies. Default:
+    heartbeat_timeout_seconds. At or below the soft timeout: no allowance."""
     inprocess_pod_loss_timeout_seconds: float = Field(default=10.0, gt=0)
     """How long the in-process wrapper waits for a silent rank (its whole pod gone, launcher and
     monitor processes too) before it declares it lost and restarts the others in place: the

@@ -8,7 +8,10 @@ KIND is one of:
   asynchronous exception from the in-process wrapper can still interrupt it);
 - `exit=CODE`: the worker exits with CODE at once;
 - `launcher-kill`: the whole pod's process tree dies (the ft_launcher that owns this worker, its
-  rank monitors and every worker), as when a node is lost.
+  rank monitors and every worker), as when a node is lost;
+- `stall=SECONDS`: the step is slow, not hung: the main thread blocks in one C call for SECONDS
+  and runs no Python meanwhile (as in a long backward pass, or a collective waiting for a slower
+  peer), then the step goes on.
 
 A fault fires at the start of step STEP on global rank RANK, before that step's work. Each fault
 fires once per job, even across restarts: before firing, the rank creates a marker file under
@@ -25,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
-FAULT_KINDS = ("exception", "sigkill", "hang", "exit", "launcher-kill")
+FAULT_KINDS = ("exception", "sigkill", "hang", "exit", "launcher-kill", "stall")
+MAX_STALL_SECONDS = 3600.0
 
 
 class FaultSpecError(ValueError):
@@ -42,10 +46,16 @@ class Fault:
     rank: int
     kind: str
     exit_code: int = 0
+    seconds: float = 0.0
+    """How long a `stall` blocks."""
 
     @property
     def marker_name(self) -> str:
-        kind = f"exit{self.exit_code}" if self.kind == "exit" else self.kind
+        kind = self.kind
+        if kind == "exit":
+            kind = f"exit{self.exit_code}"
+        elif kind == "stall":
+            kind = f"stall{self.seconds:g}"
         return f"step{self.step}-rank{self.rank}-{kind}"
 
 
@@ -68,8 +78,19 @@ def parse_faults(text: str) -> tuple[Fault, ...]:
             ) from None
         if step < 1 or rank < 0:
             raise FaultSpecError(f"TRAINER_FAULTS entry {entry!r}: STEP >= 1 and RANK >= 0")
-        exit_code = 0
-        if kind.startswith("exit="):
+        exit_code, seconds = 0, 0.0
+        if kind.startswith("stall="):
+            try:
+                seconds = float(kind.removeprefix("stall="))
+            except ValueError:
+                raise FaultSpecError(
+                    f"TRAINER_FAULTS entry {entry!r}: stall=SECONDS needs a number"
+                ) from None
+            if not 0 < seconds <= MAX_STALL_SECONDS:
+                raise FaultSpecError(f"TRAINER_FAULTS entry {entry!r}: SECONDS must be in "
+                                     f"(0, {MAX_STALL_SECONDS:g}]")
+            kind = "stall"
+        elif kind.startswith("exit="):
             try:
                 exit_code = int(kind.removeprefix("exit="))
             except ValueError:
@@ -79,12 +100,12 @@ def parse_faults(text: str) -> tuple[Fault, ...]:
             if not 0 < exit_code < 256:
                 raise FaultSpecError(f"TRAINER_FAULTS entry {entry!r}: CODE must be 1..255")
             kind = "exit"
-        elif kind not in FAULT_KINDS or kind == "exit":
+        elif kind not in FAULT_KINDS or kind in ("exit", "stall"):
             raise FaultSpecError(
                 f"TRAINER_FAULTS entry {entry!r}: unknown KIND {kind!r} "
-                "(exception, sigkill, hang, exit=CODE, launcher-kill)"
+                "(exception, sigkill, hang, exit=CODE, launcher-kill, stall=SECONDS)"
             )
-        faults.append(Fault(step, rank, kind, exit_code))
+        faults.append(Fault(step, rank, kind, exit_code, seconds))
     return tuple(faults)
 
 
@@ -166,6 +187,11 @@ def fire(fault: Fault) -> None:
             except ProcessLookupError:
                 pass
         os.kill(os.getpid(), signal.SIGKILL)
+    if fault.kind == "stall":
+        # One C call: the main thread runs no Python for that long (a slow step, e.g. a long
+        # backward pass or a collective waiting for a slower peer), then the step goes on.
+        time.sleep(fault.seconds)
+        return
     if fault.kind == "hang":
         while True:  # short sleeps: an asynchronous exception can still land between them
             time.sleep(0.05)

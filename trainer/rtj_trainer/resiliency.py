@@ -68,11 +68,13 @@ class Session:
         iteration: int,
         call_wrapper: Any = None,
         store: Store | None = None,
+        startup: StartupAllowance | None = None,
     ) -> None:
         self._resiliency = resiliency
         self.iteration = iteration
         self._call_wrapper = call_wrapper
         self._store = store
+        self._startup = startup
         self.launch = launch_environment()
         self.last_heartbeat = 0.0
 
@@ -139,7 +141,10 @@ class Session:
             self._resiliency.leave_rank_monitor()
 
     def after_step(self, steps_this_attempt: int) -> None:
-        """Learn heartbeat timeouts once, after the configured number of steps (collective)."""
+        """End the start-up allowance after the first step; learn heartbeat timeouts once, after
+        the configured number of steps (collective)."""
+        if self._startup is not None and steps_this_attempt == 1:
+            self._startup.end()
         client = self._resiliency.client
         learn_after = self._resiliency.cfg.resiliency.learn_timeouts_after_steps
         if (
@@ -262,6 +267,10 @@ class Resiliency:
         res = self.cfg.resiliency
         return res.inprocess_soft_timeout_seconds or max(2.0, res.heartbeat_timeout_seconds / 2)
 
+    def _startup_timeout(self) -> float:
+        res = self.cfg.resiliency
+        return res.inprocess_startup_timeout_seconds or res.heartbeat_timeout_seconds
+
     def _run_inprocess(self, train: Callable[[Session], T]) -> T:
         from nvidia_resiliency_ext import inprocess
         from nvidia_resiliency_ext.inprocess import abort as inprocess_abort
@@ -341,12 +350,15 @@ class Resiliency:
         def attempt(call_wrapper=None):  # type: ignore[no-untyped-def]
             timeline.begin_attempt()  # the wrapper (re-)entered the training function
             iteration = int(call_wrapper.iteration)
+            startup = StartupAllowance(call_wrapper, seconds=self._startup_timeout() - soft,
+                                       rank=self.launch.rank)
+            startup.begin()
             self.resume_rank_monitor()
             store = PrefixStore(f"rtj-iteration-{iteration}", self._application_store())
             timeline.mark("session")
             try:
                 return train(Session(self, iteration=iteration, call_wrapper=call_wrapper,
-                                     store=store))
+                                     store=store, startup=startup))
             except FatalError as exc:
                 # Restarting in place cannot help either: end the wrapper, not just this
                 # iteration, and hand the error to the caller below.
@@ -359,6 +371,9 @@ class Resiliency:
                          type(exc).__name__, time.time(), timeline.render(),
                          extra={"rank": self.launch.rank})
                 raise
+            finally:
+                # The wrapper keeps the monitor's setting across iterations: never leave it off.
+                startup.end()
 
         # The wrapper finds the CallWrapper parameter by its (real, not string) annotation.
         attempt.__annotations__ = {"call_wrapper": inprocess.CallWrapper}
@@ -388,6 +403,64 @@ class Resiliency:
             connect=lambda: podloss.store_client(
                 launch.master_addr, launch.master_port + 2, connect_seconds=30.0,
                 op_seconds=10.0))
+
+
+class StartupAllowance:
+    """The in-process wrapper's hang guard is off while an attempt starts, for at most `seconds`.
+
+    NVRx's soft and hard timeouts are measured on the progress watchdog's timestamps, which come
+    only while the main thread runs Python. An attempt's start (process group, model, checkpoint
+    load) and above all its first step block the main thread in C++ for longer than any later
+    step: the allocator, communicators and kernels warm up, ranks wait for the slowest peer, and a
+    loaded host is slower still (six CPU ranks' first step took 10.5 s on a 2-core machine, over
+    a 10 s soft timeout: a spurious in-process restart at every start). So `begin` disables the
+    wrapper's timeouts (`CallWrapper._disable_hang_protection`, NVRx's own switch for long
+    sections) and `end` enables them again with a fresh timestamp: after the first step
+    (`Session.after_step`), when the attempt ends, or `seconds` after `begin` (a timer), so that
+    a start that is stuck is still restarted in-process, at `seconds` plus the soft timeout (the
+    configured start-up timeout) after the attempt began. The rank monitor's own timeouts and
+    the wrapper's detection of lost peers stay on throughout."""
+
+    def __init__(self, call_wrapper: Any, *, seconds: float, rank: int) -> None:
+        self._call_wrapper = call_wrapper
+        self.seconds = seconds
+        self._rank = rank
+        self._lock = threading.Lock()
+        self._on = False
+        self._timer: threading.Timer | None = None
+
+    @property
+    def on(self) -> bool:
+        """The wrapper's timeouts are off for this attempt's start."""
+        return self._on
+
+    def begin(self) -> None:
+        if self.seconds <= 0:
+            return
+        with self._lock:
+            self._call_wrapper._disable_hang_protection()
+            self._on = True
+            self._timer = threading.Timer(self.seconds, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _expire(self) -> None:
+        if self.end():
+            log.warning("the attempt's start took over %.1f s: the in-process soft timeout "
+                        "applies again before the first step ended", self.seconds,
+                        extra={"rank": self._rank})
+
+    def end(self) -> bool:
+        """Enable the wrapper's timeouts again (idempotent); whether this call did."""
+        with self._lock:
+            if not self._on:
+                return False
+            self._on = False
+            if self._timer is not None:
+                self._timer.cancel()
+            with contextlib.suppress(Exception):
+                self._call_wrapper._enable_hang_protection()
+            return True
 
 
 def _pause_rank_monitor_abort(resiliency: Resiliency) -> Any:
