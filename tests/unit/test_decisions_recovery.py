@@ -7,8 +7,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from rtj_operator.api.status import IncidentCause, Reason
-from rtj_operator.decisions.recovery import RECOVERY_GRACE_SECONDS
+from rtj_operator.api.status import Incident, IncidentCause, Reason, RecoveryAction
+from rtj_operator.decisions.recovery import RECOVERY_GRACE_SECONDS, full_restart_backoff
 from rtj_operator.intents import CreateObject, DeletePod
 from unit.decisions_builders import (
     T0,
@@ -250,3 +250,73 @@ def test_restart_records_keep_the_newest_max_of_each_kind() -> None:
         assert state.status["incidents"][-1]["action"] == "RankRestart"
     records = state.status["restartRecords"]
     assert len(records["rank"]) == 2 and records["full"] == []
+
+
+def test_full_restarts_in_a_row_without_a_recovery_back_off() -> None:
+    """A rendezvous pod that dies at every start: the first full restart starts the pods again
+    at once, the second after 10 s, the third after 20 s (no recovery in between), instead of
+    spending the whole budget within a minute."""
+    j = job(faultTolerance={"fullRestartBudget": {"max": 10, "windowSeconds": 3600}})
+    state = running(j)
+    now = T0 + timedelta(seconds=60)
+    waits = []
+    for attempt in range(3):
+        # The rendezvous pod failed (at its start, after the first time): every pod goes.
+        dying = world(trainer(0, "Pending", attempt=attempt),
+                      trainer(1, "Pending", attempt=attempt), rdzv=rendezvous("Failed"))
+        state = then(state, j, dying, now=now)
+        assert state.status["incidents"][-1]["action"] == "FullRestart"
+        assert state.status["restarts"]["full"] == attempt + 1
+        assert ("FullRestartBackOff" in events(state)) == (attempt > 0)
+        # Everything is gone: the pods start again once the back-off has passed.
+        started_at = None
+        for waited in range(0, 40, 3):
+            at = now + timedelta(seconds=3 + waited)
+            state = then(state, j, world(), now=at)
+            if created(state):
+                started_at = at
+                break
+            assert "start again at" in state.status["message"], state.status["message"]
+        assert started_at is not None
+        assert created(state) == ["Pod/tiny-rdzv", "Pod/tiny-0", "Pod/tiny-1"]
+        waits.append((started_at - now).total_seconds())
+        now = started_at + timedelta(seconds=5)
+    assert waits == [3, 12, 21], waits  # at once (the next pass), after 10 s, after 20 s
+
+
+def test_a_recovery_between_full_restarts_resets_the_back_off() -> None:
+    j = job(faultTolerance={"fullRestartBudget": {"max": 10, "windowSeconds": 3600}})
+    state = running(j)
+    now = T0 + timedelta(seconds=60)
+    for attempt in range(3):
+        lost = world(trainer(0, attempt=attempt), trainer(1, attempt=attempt),
+                     rdzv=rendezvous("Failed"))
+        state = then(state, j, lost, now=now)
+        assert state.status["incidents"][-1]["action"] == "FullRestart"
+        assert "FullRestartBackOff" not in events(state)
+        state = then(state, j, world(), now=now + timedelta(seconds=3))
+        assert created(state) == ["Pod/tiny-rdzv", "Pod/tiny-0", "Pod/tiny-1"]  # at once
+        # Every rank runs and beats again: the incident is closed.
+        now = now + timedelta(seconds=30)
+        back = world(trainer(0, attempt=attempt + 1, started=now - timedelta(seconds=20)),
+                     trainer(1, attempt=attempt + 1, started=now - timedelta(seconds=20)),
+                     rdzv=rendezvous())
+        state = then(state, j, back, now=now, liveness=beats(now, pods=back))
+        assert state.status["incidents"][-1]["recoveredTime"] is not None, state.status
+        now = now + timedelta(seconds=60)
+
+
+def test_the_back_off_doubles_up_to_five_minutes() -> None:
+    def full(minute: int, recovered: bool = False) -> Incident:
+        at = T0 + timedelta(minutes=minute)
+        return Incident(cause=IncidentCause.RENDEZVOUS_LOST, detected_time=at, acted_time=at,
+                        action=RecoveryAction.FULL_RESTART,
+                        recovered_time=at + timedelta(seconds=30) if recovered else None)
+
+    assert full_restart_backoff([]) == (0, None)
+    assert full_restart_backoff([full(0)]) == (1, None)
+    assert full_restart_backoff([full(0), full(1)]) == (2, T0 + timedelta(minutes=1, seconds=10))
+    streak = [full(m) for m in range(8)]
+    assert full_restart_backoff(streak) == (8, T0 + timedelta(minutes=7, seconds=300))
+    # Only the restarts since the last recovery count.
+    assert full_restart_backoff([full(0), full(1), full(2, recovered=True), full(3)]) == (1, None)

@@ -250,6 +250,10 @@ def create_missing(p: _Pass) -> None:
         isinstance(a, DeletePod) for a in p.actions
     )
     if rendezvous is None and not terminating:
+        _, not_before = recovery.full_restart_backoff(p.incidents)
+        if not_before is not None and p.now < not_before:
+            p.backoff_until = not_before  # after repeated full restarts: the next pass starts it
+            return
         p.create(builders.rendezvous_pod(p.job, plan=p.plan, settings=p.settings),
                  "nvrx-control hosts the rendezvous store")
         p.rendezvous_being_created = True

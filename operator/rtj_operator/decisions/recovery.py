@@ -24,6 +24,7 @@ from datetime import datetime, timedelta
 
 from rtj_operator.api.status import (
     ConditionType,
+    Incident,
     IncidentCause,
     JobState,
     RankState,
@@ -39,6 +40,12 @@ checkpoint of their current step before they exit (rtj_trainer.stop), for as lon
 terminationGracePeriodSeconds allows; a job that needs recovering cannot (a rank is hung, gone or
 failed, and every rank must join the save), and the job resumes from its newest commit anyway. A
 short grace keeps recovery as quick as when SIGTERM ended the workers at once."""
+
+FULL_RESTART_BACKOFF_SECONDS = 10
+"""The wait before starting the pods again after the second full restart in a row with no
+recovery in between; it doubles with each further one, up to FULL_RESTART_BACKOFF_MAX_SECONDS."""
+FULL_RESTART_BACKOFF_MAX_SECONDS = 300
+"""The longest wait between full restarts (kubelet's CrashLoopBackOff has the same cap)."""
 
 LOST = (IncidentCause.POD_FAILED, IncidentCause.POD_VANISHED, IncidentCause.POD_DELETED,
         IncidentCause.NODE_LOST)
@@ -218,14 +225,42 @@ def _replace_as_spare(p: _Pass, index: int, why: str) -> None:
         p.replace_ended_pod(pod, why, grace_seconds=RECOVERY_GRACE_SECONDS)
 
 
+def full_restart_backoff(incidents: list[Incident]) -> tuple[int, datetime | None]:
+    """Full restarts in a row with no recovery in between (every rank running again closes an
+    incident: status.recover_incidents), counted back from the newest incident; and, from the
+    second one on, when the newest of them may start the pods again: its time plus
+    FULL_RESTART_BACKOFF_SECONDS, doubled for each further one, at most
+    FULL_RESTART_BACKOFF_MAX_SECONDS. A job that cannot start (a rendezvous pod that dies at
+    every start, a bad image) then spends its full-restart budget over many minutes, not in two,
+    and a cause that passes (a port still held, a node coming back) has time to pass; the first
+    full restart after a recovery waits for nothing."""
+    streak, newest = 0, None
+    for incident in reversed(incidents):
+        if incident.recovered_time is not None:
+            break
+        if incident.action == RecoveryAction.FULL_RESTART:
+            streak += 1
+            if newest is None:
+                newest = incident.acted_time or incident.detected_time
+    if streak < 2 or newest is None:
+        return streak, None
+    wait = min(FULL_RESTART_BACKOFF_SECONDS * 2 ** (streak - 2), FULL_RESTART_BACKOFF_MAX_SECONDS)
+    return streak, newest + timedelta(seconds=wait)
+
+
 def restart_everything(p: _Pass, fault: DetectedFault, summary: str) -> None:
     """Delete every trainer pod and the rendezvous pod (FullRestart); rule 8 starts them again
-    once every one is gone."""
+    once every one is gone, and after the back-off (`full_restart_backoff`)."""
     p.add_incident(fault, RecoveryAction.FULL_RESTART, summary)
     p.record_restart(RecoveryAction.FULL_RESTART, p.spec.fault_tolerance.full_restart_budget.max)
     p.restarts.full += 1
     p.event("Warning", RecoveryAction.FULL_RESTART,
             f"Restarting every pod ({fault.cause}): {summary}")
+    streak, not_before = full_restart_backoff(p.incidents)
+    if not_before is not None:
+        p.event("Warning", "FullRestartBackOff",
+                f"{streak} full restarts in a row without a recovery: the pods start again "
+                f"in {int((not_before - p.now).total_seconds())} s, not at once")
     p.waiting.clear()  # every launcher starts again and joins the first round
     for index in range(p.pods):
         p.rank(index, state=RankState.RESTARTING, restarts=_restarts_of(p, index) + 1)

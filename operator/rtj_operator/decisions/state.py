@@ -149,6 +149,8 @@ class _Pass:
         prev_restarts = self.prev.restarts or RestartCounts()
         self.restarts = prev_restarts.model_copy()
         self.rendezvous_being_created = False
+        self.backoff_until: datetime | None = None
+        """The pods of a full restart start again only then (recovery.full_restart_backoff)."""
         self.progress_step = memory.progress_step
         self.progress_since = memory.progress_since
         clock = self.prev.progress_clock

@@ -38,6 +38,7 @@ from rtj_operator.decisions.state import (
     Memory,
     _Pass,
     from_unix,
+    iso,
     whole_second,
 )
 from rtj_operator.intents import CreateObject, CreateRefused, PostEvent
@@ -118,6 +119,9 @@ def running(p: _Pass, start_time: datetime) -> Decision:
         open_incident = next(i for i in reversed(p.incidents) if is_open(i))
         state, reason = JobState.RECOVERING, open_incident.action or RecoveryAction.RANK_RESTART
         message = f"Recovering from {open_incident.cause}: {open_incident.message}"
+        if p.backoff_until is not None:
+            message = (f"{message} (full restarts in a row: the pods start again at "
+                       f"{iso(p.backoff_until)})")
     elif all(p.ranks[i].state in (RankState.STARTING, RankState.RUNNING,
                                   RankState.UNRESPONSIVE)
              for i in p.active()):
