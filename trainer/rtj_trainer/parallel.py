@@ -122,16 +122,38 @@ def wait_for_peers(store: Store, world_size: int,
     This loop runs Python between short sleeps, so the watchdog's timestamps keep coming (no
     manual ping, and no heartbeat to the rank monitor, whose initial timeout still covers the
     start), and the process group is only set up once everyone is there."""
-    deadline = time.monotonic() + timeout.total_seconds()
     arrived = store.add(PEERS_KEY, 1)
-    pause = 0.01
-    while arrived < world_size:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{arrived} of {world_size} ranks reached the process group "
-                               f"within {timeout.total_seconds():g} s")
-        time.sleep(pause)
-        pause = min(0.2, pause * 2)
+
+    def everyone() -> bool:
+        nonlocal arrived
         arrived = store.add(PEERS_KEY, 0)
+        return arrived >= world_size
+
+    if arrived < world_size and not poll(everyone, seconds=timeout.total_seconds(),
+                                         max_pause=0.2):
+        raise RuntimeError(f"{arrived} of {world_size} ranks reached the process group "
+                           f"within {timeout.total_seconds():g} s")
+
+
+def poll(done: Callable[[], bool], *, seconds: float, max_pause: float,
+         keepalive: Callable[[], object] | None = None, every_seconds: float = 0.5) -> bool:
+    """Ask `done` between sleeps that grow from 1 ms to `max_pause` until it says yes or
+    `seconds` have passed, and call `keepalive` every `every_seconds` meanwhile; whether `done`
+    said yes. Python runs between the sleeps, so the in-process wrapper's progress watchdog
+    keeps seeing this rank (a wait in C++ would look like a hang)."""
+    deadline = time.monotonic() + seconds
+    last = 0.0
+    pause = 0.001
+    while not done():
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        if keepalive is not None and now - last >= every_seconds:
+            keepalive()
+            last = now
+        time.sleep(pause)
+        pause = min(max_pause, pause * 2)
+    return True
 
 
 def build_model(cfg: Config, ctx: DistributedContext, *, initialise: bool = True) -> GPT:
@@ -209,16 +231,8 @@ def barrier(keepalive: Callable[[], object], *, timeout: timedelta,
     `timeout` this waits on the barrier's own result, which raises where the backend timed out."""
     work = dist.barrier(async_op=True)
     assert work is not None
-    deadline = time.monotonic() + timeout.total_seconds()
-    last = 0.0
-    pause = 0.001
-    while not work.is_completed() and time.monotonic() < deadline:
-        now = time.monotonic()
-        if now - last >= every_seconds:
-            keepalive()
-            last = now
-        time.sleep(pause)
-        pause = min(0.05, pause * 2)
+    poll(work.is_completed, seconds=timeout.total_seconds(), max_pause=0.05,
+         keepalive=keepalive, every_seconds=every_seconds)
     work.wait()
 
 
