@@ -24,10 +24,13 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T", int, float)
 FAULT_KINDS = ("exception", "sigkill", "hang", "exit", "launcher-kill", "stall")
 MAX_STALL_SECONDS = 3600.0
 
@@ -80,25 +83,13 @@ def parse_faults(text: str) -> tuple[Fault, ...]:
             raise FaultSpecError(f"TRAINER_FAULTS entry {entry!r}: STEP >= 1 and RANK >= 0")
         exit_code, seconds = 0, 0.0
         if kind.startswith("stall="):
-            try:
-                seconds = float(kind.removeprefix("stall="))
-            except ValueError:
-                raise FaultSpecError(
-                    f"TRAINER_FAULTS entry {entry!r}: stall=SECONDS needs a number"
-                ) from None
-            if not 0 < seconds <= MAX_STALL_SECONDS:
-                raise FaultSpecError(f"TRAINER_FAULTS entry {entry!r}: SECONDS must be in "
-                                     f"(0, {MAX_STALL_SECONDS:g}]")
+            seconds = _parameter(entry, kind, float, "stall=SECONDS needs a number",
+                                 lambda v: 0 < v <= MAX_STALL_SECONDS,
+                                 f"SECONDS must be in (0, {MAX_STALL_SECONDS:g}]")
             kind = "stall"
         elif kind.startswith("exit="):
-            try:
-                exit_code = int(kind.removeprefix("exit="))
-            except ValueError:
-                raise FaultSpecError(
-                    f"TRAINER_FAULTS entry {entry!r}: exit=CODE needs an integer"
-                ) from None
-            if not 0 < exit_code < 256:
-                raise FaultSpecError(f"TRAINER_FAULTS entry {entry!r}: CODE must be 1..255")
+            exit_code = _parameter(entry, kind, int, "exit=CODE needs an integer",
+                                   lambda v: 0 < v < 256, "CODE must be 1..255")
             kind = "exit"
         elif kind not in FAULT_KINDS or kind in ("exit", "stall"):
             raise FaultSpecError(
@@ -107,6 +98,19 @@ def parse_faults(text: str) -> tuple[Fault, ...]:
             )
         faults.append(Fault(step, rank, kind, exit_code, seconds))
     return tuple(faults)
+
+
+def _parameter(entry: str, kind: str, convert: Callable[[str], T],
+               unparsable: str, valid: Callable[[T], bool], invalid: str) -> T:
+    """The VALUE of a `KIND=VALUE` fault, converted and checked; FaultSpecError quoting the
+    entry otherwise."""
+    try:
+        value = convert(kind.split("=", 1)[1])
+    except ValueError:
+        raise FaultSpecError(f"TRAINER_FAULTS entry {entry!r}: {unparsable}") from None
+    if not valid(value):
+        raise FaultSpecError(f"TRAINER_FAULTS entry {entry!r}: {invalid}")
+    return value
 
 
 def _launcher_tree_pids() -> list[int]:

@@ -429,11 +429,6 @@ class StartupAllowance:
         self._on = False
         self._timer: threading.Timer | None = None
 
-    @property
-    def on(self) -> bool:
-        """The wrapper's timeouts are off for this attempt's start."""
-        return self._on
-
     def begin(self) -> None:
         if self.seconds <= 0:
             return
