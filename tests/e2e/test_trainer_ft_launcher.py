@@ -235,7 +235,36 @@ def test_a_slow_first_step_is_not_taken_for_a_hang_but_a_slow_later_step_is(
         # Attempt 0 was restarted in its slow first step, before it logged one.
         assert _summary(out)["restarts"] == {"inprocess": 2, "launcher": 0, "pod": 0}
         assert [iteration for iteration, _ in ended] == ["0", "1"], ended
-    assert [e["step"] for e in losses] == list(range(1, STEPS + 1))
+    assert [e["step"] for e in losses] == list(range(1, STEPS + 1)), _resumes(out)
+
+
+def _resumes(out: str) -> list[str]:
+    """The log lines that say where each attempt resumed from and what was kept in memory."""
+    return [ln for ln in out.splitlines()
+            if "resumed from" in ln or "training state" in ln or "ended by" in ln]
+
+
+def test_a_rank_blocked_past_twice_the_soft_timeout_still_resumes_from_the_state_at_the_fault(
+    tmp_path: Path,
+) -> None:
+    """Step 12 blocks the main thread in one C call for 11 s, with a 4 s soft timeout: NVRx's
+    monitor thread raises its restart, waits the soft timeout for the main thread to reach the
+    wrapper, then raises again and again until it does, so that further exceptions can land in
+    the attempt's own handlers once the call returns. The training state after step 11 must
+    still be offered and kept: the offer is made at the wrapper's finalize step, where none can
+    land (checkpoint.expect_offer), and the next attempt resumes from step 11 in memory with no
+    step computed twice. (An offer made from the attempt's exception handler can be cut short
+    there; that is a race of a few milliseconds, which this test does not force: the old code
+    passed it on a quiet machine. The unit tests check the finalize-step offer itself.)"""
+    out = _run(tmp_path, faults="12:0:stall=11",
+               extra_env={"RTJ_INPROCESS_RESTART": "1", "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "60",
+                          "RTJ_NPROC_PER_NODE": "1"},
+               args=("--set", "resiliency.inprocess_soft_timeout_seconds=4"))
+    losses = _losses(tmp_path)
+    assert len({e["pid"] for e in losses}) == 1, _resumes(out)  # restarted in its process
+    assert _summary(out)["restarts"] == {"inprocess": 1, "launcher": 0, "pod": 0}, _resumes(out)
+    assert "kept the training state after step 11 in memory" in out, _resumes(out)
+    assert [e["step"] for e in losses] == list(range(1, STEPS + 1)), _resumes(out)
 
 
 def test_inprocess_restart_stops_a_writer_that_is_still_writing(

@@ -126,6 +126,51 @@ def test_a_staged_live_state_is_what_the_next_attempt_resumes_from(
     assert [g["lr"] for g in groups] == [g["lr"] for g in optimizer.param_groups]
 
 
+def test_the_registered_offer_is_made_at_the_finalize_step_when_the_attempt_made_none(
+        tmp_path: Path, one_rank: parallel.DistributedContext) -> None:
+    # The attempt's own handler was cut short by a repeated restart exception (or never ran):
+    # the finalize step makes the offer the attempt registered, once; a withdrawn one is not.
+    model, optimizer, scheduler, data = _training(one_rank)
+    store = tmp_path / "store"
+    config = CheckpointConfig(dir=str(store), interval_steps=0, mode="sync")
+    first = ck.Checkpointer(config, root=store, rank=0, world_size=1,
+                            device=torch.device("cpu"), identity="a0-l0-i0-1")
+    _step(model, optimizer, scheduler, data, 1)
+    state = {**parallel.local_state(model, optimizer, scheduler), "step": 1}
+    first.save(1, state)
+    views = parallel.live_views(model, optimizer, state)
+    assert views is not None
+    _step(model, optimizer, scheduler, data, 2)
+    offers: list[int] = []
+
+    def offer() -> bool:
+        offers.append(2)
+        first.offer_live(2, {**parallel.live_state(views, optimizer, scheduler), "step": 2})
+        return True
+
+    ck.expect_offer(offer)
+    first.close(abort=True)
+    assert ck.stage_offered() == 2
+    assert offers == [2]
+    assert ck.stage_offered() is None and offers == [2]  # made once
+    loaded = ck.Checkpointer(config, root=store, rank=0, world_size=1,
+                             device=torch.device("cpu"), identity="a0-l0-i1-2").load_latest()
+    assert loaded is not None and loaded.source == "live" and loaded.state["step"] == 2
+    ck.expect_offer(offer)
+    ck.expect_offer(None)  # the attempt ended for good: nothing to resume
+    assert ck.stage_offered() is None and offers == [2]
+
+
+def test_an_offer_that_fails_at_the_finalize_step_leaves_the_restart_to_a_copy(
+        caplog: pytest.LogCaptureFixture) -> None:
+    def offer() -> bool:
+        raise RuntimeError("no views")
+
+    ck.expect_offer(offer)
+    assert ck.stage_offered() is None
+    assert "could not offer the interrupted attempt's training state: no views" in caplog.text
+
+
 def test_the_live_state_has_the_learning_rate_the_scheduler_set_last(
         one_rank: parallel.DistributedContext) -> None:
     # The views' hyperparameters are those of the save they were taken at; an attempt resumed

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .checkpoint import expect_offer
 from .config import Config
 from .errors import FatalError
 from .faults import FaultInjector
@@ -48,6 +49,10 @@ class Finished:
 def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
     trainer = Trainer.build(cfg, session)
     clean = False
+    # An in-process restart resumes from the state this attempt reached, if it is intact: the
+    # wrapper's finalize step asks for it (checkpoint.stage_offered), not this attempt's own
+    # exception handler, which NVRx's repeated restart exceptions can cut short.
+    expect_offer(trainer.offer_live_state)
     try:
         trainer.resume()
         metrics.watch(trainer.snapshot)
@@ -81,10 +86,11 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
         )
     except BaseException as exc:
         STOP.disarm()  # an in-process restart or a dying worker has nothing newer to save
-        if not isinstance(exc, (FatalError, KeyboardInterrupt, SystemExit)):
-            # An in-process restart resumes from the state this attempt reached, if it is intact.
-            trainer.offer_live_state()
+        if isinstance(exc, (FatalError, KeyboardInterrupt, SystemExit)):
+            expect_offer(None)  # no restart resumes from here
         raise
     finally:
+        if clean:
+            expect_offer(None)
         metrics.unwatch()
         trainer.close(clean=clean)

@@ -215,9 +215,10 @@ class Trainer:
     def offer_live_state(self) -> bool:
         """An in-process restart interrupted this attempt (any exception but a fatal one): when the
         model and optimizer still hold the state after the last completed step, offer that state
-        to the checkpointer (Checkpointer.offer_live), which stages it into its staging buffer
-        once nothing can interrupt (the wrapper's finalize step), so that the next attempt
-        resumes from it (when every rank did the same) instead of rolling back to the last save.
+        to the checkpointer (Checkpointer.offer_live), which stages it into its staging buffer,
+        so that the next attempt resumes from it (when every rank did the same) instead of
+        rolling back to the last save. Called from the wrapper's finalize step, where nothing
+        can interrupt it (registered by rtj_trainer.train with `checkpoint.expect_offer`).
         The state is read in place and needs no process group: on every rank but the failing
         one, NVRx has aborted and destroyed it by now. Returns whether it offered."""
         live, views = self._live, self._live_views

@@ -18,6 +18,7 @@ from .checkpointer import (
     LoadedCheckpoint,
     ProcessWriter,
     close_interrupted,
+    expect_offer,
     stage_offered,
 )
 from .format import (
@@ -94,6 +95,7 @@ __all__ = [
     "committed_checkpoints",
     "digest_ranges",
     "encode_skeleton",
+    "expect_offer",
     "failed_writes",
     "flatten_state",
     "is_abandoned",

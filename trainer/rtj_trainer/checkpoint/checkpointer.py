@@ -706,13 +706,38 @@ _UNCLOSED: list[Checkpointer] = []
 """Checkpointers whose close() has not run to its end."""
 _OFFERED: list[tuple[Checkpointer, int, dict[str, Any]]] = []
 """The training state an interrupted attempt offered to keep (`offer_live`), not staged yet."""
+_OFFERS: list[Callable[[], object]] = []
+"""How the running attempt offers its training state (`expect_offer`), while it may be
+interrupted."""
+
+
+def expect_offer(offer: Callable[[], object] | None) -> None:
+    """Register how the attempt now running offers its training state (it calls
+    `Checkpointer.offer_live` when that state is intact), or withdraw it (None: the attempt ended
+    cleanly or for good). `stage_offered` calls it when the attempt offered nothing itself.
+
+    The attempt cannot be relied on to make the offer from its own exception handler: once NVRx's
+    monitor thread has raised its restart into the main thread and the main thread has not reached
+    the wrapper within the soft timeout (a rank stuck in one long C call, such as a slow step
+    blocked past twice the soft timeout), the monitor raises again and again until it does, and one
+    of those exceptions can land inside the handler and cut the offer short: the next attempt then
+    went back to the last save and computed steps again."""
+    _OFFERS[:] = [] if offer is None else [offer]
 
 
 def stage_offered() -> int | None:
-    """Stage the training state an interrupted attempt offered (`Checkpointer.offer_live`), so
-    that the next attempt can resume from it: called where no asynchronous exception of NVRx's
-    monitor thread can land any more (the wrapper's finalize step, after `close_interrupted`),
-    and before a new attempt builds its checkpointer. Returns the step staged, if any."""
+    """Stage the training state an interrupted attempt offered (`Checkpointer.offer_live`, or the
+    offer registered with `expect_offer`, made here), so that the next attempt can resume from
+    it: called where no asynchronous exception of NVRx's monitor thread can land any more (the
+    wrapper's finalize step, after `close_interrupted`), and before a new attempt builds its
+    checkpointer. Returns the step staged, if any."""
+    offers = list(_OFFERS)
+    _OFFERS.clear()
+    if not _OFFERED and offers:
+        try:
+            offers[0]()
+        except Exception as exc:  # the restart goes on: the next attempt resumes from a copy
+            log.warning("could not offer the interrupted attempt's training state: %s", exc)
     if not _OFFERED:
         return None
     checkpointer, step, state = _OFFERED.pop()  # offer_live keeps at most one
