@@ -119,3 +119,21 @@ def test_finishing_discards_the_local_copies(tmp_path: Path) -> None:
     _write(tmp_path / "rank", 10)
     local.discard_local_copies(tmp_path / "rank")
     assert not os.path.exists(tmp_path / "rank")
+
+
+def test_a_save_without_a_local_copy_writes_only_the_store(
+        tmp_path: Path, one_rank_group: object) -> None:
+    # The run's last save (Trainer.save): its copies would be discarded once it commits.
+    store = tmp_path / "store"
+    cfg = CheckpointConfig(dir=str(store), interval_steps=0, mode="sync",
+                           local_dir=str(tmp_path / "shm"))
+    checkpointer = ck.Checkpointer(cfg, root=store, rank=0, world_size=1,
+                                   device=torch.device("cpu"), identity="a9")
+    assert checkpointer._local is not None
+    checkpointer.save(10, {"w": torch.full((3,), 1.0), "step": 10})
+    checkpointer.save(20, {"w": torch.full((3,), 2.0), "step": 20}, local_copy=False)
+    assert [c.step for c in local.local_copies(checkpointer._local)] == [10]
+    assert checkpointer.stats.committed_step == 20
+    loaded = checkpointer.load_latest()
+    assert loaded is not None and loaded.source != "local" and loaded.state["step"] == 20
+    checkpointer.close()

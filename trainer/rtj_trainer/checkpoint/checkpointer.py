@@ -325,8 +325,10 @@ class Checkpointer:
         encode_skeleton(flatten_state(state, tensors))
         self._staging.ensure(plan_layout(tensors)[1], self.device)
 
-    def save(self, step: int, state: dict[str, Any]) -> float:
-        """Start saving `state` for `step`; returns the seconds the step loop was blocked."""
+    def save(self, step: int, state: dict[str, Any], *, local_copy: bool = True) -> float:
+        """Start saving `state` for `step`; returns the seconds the step loop was blocked.
+        `local_copy=False`: write no node-local copy of this save (the run's last save: the
+        copies are discarded once it is committed, so writing one only delays the commit)."""
         began = time.perf_counter()
         self._wait_for_local_write()
         waited = time.perf_counter()
@@ -347,7 +349,7 @@ class Checkpointer:
         pending = _Pending(step, directory, time.time(), 0.0,
                            wait_seconds=waited - began, copy_seconds=copied - waited)
         writer = write_shard
-        if self._local is not None:
+        if self._local is not None and local_copy:
             writer = functools.partial(write_shard,
                                        local_copy=(str(self._local), step, self.identity))
         if self.cfg.mode == "async":
