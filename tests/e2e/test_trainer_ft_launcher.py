@@ -267,6 +267,28 @@ def test_a_rank_blocked_past_twice_the_soft_timeout_still_resumes_from_the_state
     assert [e["step"] for e in losses] == list(range(1, STEPS + 1)), _resumes(out)
 
 
+def test_a_finished_job_is_not_taken_for_a_hang_on_its_way_out(tmp_path: Path) -> None:
+    """After the last step's checkpoint is committed the worker still has work that runs no
+    Python for seconds (deleting GBs of node-local copies, unpinning the staging buffer, NVRx's
+    completion barrier). A fault one step past the last (`31:0:stall=8`, faults.py) blocks the
+    main thread for 8 s there, with a 4 s in-process soft timeout: the job ends at once, with no
+    in-process restart and one summary (Session.training_finished switches the wrapper's timeouts
+    off). With them on, a 1B job on one H200 was restarted in place at its end and finished
+    through one more attempt."""
+    out = _run(tmp_path, faults=f"{STEPS + 1}:0:stall=8",
+               extra_env={"RTJ_INPROCESS_RESTART": "1", "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "60",
+                          "RTJ_NPROC_PER_NODE": "1"},
+               args=("--set", "resiliency.inprocess_soft_timeout_seconds=4"))
+    assert f"injecting fault stall at step {STEPS + 1}" in out
+    assert "Interruption.SOFT_TIMEOUT" not in out, _resumes(out)
+    summaries = [ln for ln in out.splitlines() if ln.startswith('{"event": "summary"')]
+    assert len(summaries) == 1, summaries
+    summary = json.loads(summaries[0])
+    assert summary["restarts"] == {"inprocess": 0, "launcher": 0, "pod": 0}, summary
+    assert summary["steps"] == STEPS and summary["last_committed_step"] == STEPS
+    assert [e["step"] for e in _losses(tmp_path)] == list(range(1, STEPS + 1))
+
+
 def test_inprocess_restart_stops_a_writer_that_is_still_writing(
     tmp_path: Path, fault_free: dict[int, float]
 ) -> None:

@@ -13,7 +13,9 @@ KIND is one of:
   and runs no Python meanwhile (as in a long backward pass, or a collective waiting for a slower
   peer), then the step goes on.
 
-A fault fires at the start of step STEP on global rank RANK, before that step's work. Each fault
+A fault fires at the start of step STEP on global rank RANK, before that step's work; STEP one
+past the last step fires on the way out, once every checkpoint is committed and the trainer has
+left its watchdogs (before the summary and the clean-up). Each fault
 fires once per job, even across restarts: before firing, the rank creates a marker file under
 `<checkpoint dir>/faults/` with O_EXCL and fsyncs it; a marker that exists means "already fired".
 """

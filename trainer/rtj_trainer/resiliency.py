@@ -134,11 +134,19 @@ class Session:
 
     def training_finished(self) -> None:
         """Every rank reached the end of training with its last checkpoint committed: leave the
-        rank monitor (it times nothing once the connection is gone), so that the way out (NVRx's
-        completion barrier, the launcher's exit barrier, a loaded host) is not taken for a hang
-        and a finished worker is not killed. An in-process restart after this reconnects."""
+        rank monitor (it times nothing once the connection is gone) and switch off the in-process
+        wrapper's soft and hard timeouts, so that the way out (discarding node-local copies,
+        releasing GBs of page-locked memory, NVRx's completion barrier, the launcher's exit
+        barrier, a loaded host) is not taken for a hang and a finished worker is neither
+        restarted nor killed. Seen on one H200: with the timeouts on, the 5 s soft timeout
+        restarted a finished 1B job in place while it deleted its node-local copies, and the job
+        ended through one more attempt. An in-process restart after this reconnects and switches
+        them on again (`Resiliency.hang_protection_back_on`)."""
         with self._resiliency._client_lock:
             self._resiliency.leave_rank_monitor()
+        if self._call_wrapper is not None:
+            self._call_wrapper._disable_hang_protection()
+            self._resiliency.hang_protection_off = True
 
     def after_step(self, steps_this_attempt: int) -> None:
         """End the start-up allowance after the first step; learn heartbeat timeouts once, after
@@ -176,6 +184,8 @@ class Resiliency:
         self._client_lock = threading.Lock()
         self._sent_since_connect = True
         """Whether the client sent a heartbeat or section message since it last (re)connected."""
+        self.hang_protection_off = False
+        """`Session.training_finished` switched the in-process wrapper's timeouts off."""
         if launch.under_rank_monitor:
             from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
 
@@ -227,6 +237,13 @@ class Resiliency:
         if self.client is not None and self.client.is_initialized:
             with contextlib.suppress(Exception):
                 self.client.shutdown_workload_monitoring()
+
+    def hang_protection_back_on(self, call_wrapper: Any) -> None:
+        """A new in-process attempt after `Session.training_finished` switched the wrapper's
+        timeouts off (the wrapper keeps that setting across iterations): switch them on."""
+        if self.hang_protection_off:
+            self.hang_protection_off = False
+            call_wrapper._enable_hang_protection()
 
     def resume_rank_monitor(self) -> None:
         """Reconnect after an in-process restart; the monitor applies its initial timeout again."""
@@ -350,6 +367,7 @@ class Resiliency:
         def attempt(call_wrapper=None):  # type: ignore[no-untyped-def]
             timeline.begin_attempt()  # the wrapper (re-)entered the training function
             iteration = int(call_wrapper.iteration)
+            self.hang_protection_back_on(call_wrapper)
             startup = StartupAllowance(call_wrapper, seconds=self._startup_timeout() - soft,
                                        rank=self.launch.rank)
             startup.begin()

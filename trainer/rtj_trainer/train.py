@@ -77,6 +77,7 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
                                 stopped=True, everyone_stopped=everyone)
         loop_seconds = time.perf_counter() - loop_began
         trainer.finish()
+        injector.maybe_fire(cfg.train.steps + 1)  # a fault on the way out (faults.py)
         clean = True
         committed_step, committed_time, committed_dir = trainer.newest_commit()
         return Finished(

@@ -161,6 +161,8 @@ class Trainer:
         self.saved_step: int | None = None
         """The newest step this attempt started a checkpoint of."""
         self._losses: IO[str] | None = None
+        self._finished = False
+        """`finish` ran: every checkpoint is committed and the node-local copies can go."""
         self._interruptible = cfg.resiliency.inprocess_restart and ctx.device.type == "cuda"
         """Wait for the GPU at points within a step (in-process restart: parallel.train_step)."""
         self._keeps_live_state = bool(session.restarts_in_process
@@ -340,7 +342,7 @@ class Trainer:
         # Every rank's last checkpoint is committed: what is left (the exit, NVRx's completion
         # barrier, the launcher's) sends no heartbeat and must not be timed as a hang.
         self.session.training_finished()
-        self.checkpointer.discard_local_copies()
+        self._finished = True
 
     def stop(self, step: int, agreement: StopAgreement) -> bool:
         """Every rank agreed to stop after `step` (rtj_trainer.stop): save it unless it is saved
@@ -403,9 +405,13 @@ class Trainer:
         return stats.committed_step, stats.committed_at, stats.committed_dir
 
     def close(self, *, clean: bool) -> None:
-        """Stop the checkpoint writer (abandoning its work unless `clean`) and free the device."""
+        """Stop the checkpoint writer (abandoning its work unless `clean`) and free the device;
+        after `finish`, delete the node-local copies (after the summary: the job's result was
+        committed, and deleting GBs of /dev/shm takes seconds)."""
         self._close_losses()
         self.checkpointer.close(abort=not clean)
+        if clean and self._finished:
+            self.checkpointer.discard_local_copies()
         _release(self.ctx, clean=clean)
 
     def snapshot(self) -> Snapshot:
