@@ -24,6 +24,7 @@ import ctypes
 import hashlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -131,8 +132,10 @@ def write_shard(
 
     File = `encode_header(...)` then the blob's raw bytes. Chunk 0 is the header, then the blob
     in `chunk_bytes` pieces; `threads` threads hash and pwrite them; one fsync at the end.
-    `local_copy` = (folder, step, identity): first write the same bytes as this rank's node-local
-    copy there.
+    `local_copy` = (folder, step, identity): also write the same bytes as this rank's node-local
+    copy there, in a thread alongside the store write (memory-bound against disk-bound: a save
+    takes about the longer of the two, not their sum, so the writer keeps up with saves that
+    come faster); this returns once both are done, as the staging buffer is reused after it.
     """
     if in_worker:
         _die_with_parent()
@@ -144,33 +147,30 @@ def write_shard(
         began = time.perf_counter()
         data = _byte_view(blob)
         header = encode_header(skeleton, layout, len(data))
-        local_seconds = 0.0
+        local_seconds = [0.0]
+        local_thread: threading.Thread | None = None
         if local_copy is not None:
-            try:
-                write_local_copy(Path(local_copy[0]), local_copy[1], local_copy[2], header, data,
-                                 threads=threads)
-                local_seconds = time.perf_counter() - began
-            except OSError:
-                local_seconds = -1.0
-        pieces = [(memoryview(header), 0)] + [
-            (data[start : start + chunk_bytes], len(header) + start)
-            for start in range(0, len(data), max(1, chunk_bytes))
-        ]
-        start_writeback = _start_writeback_function()
-        workers = max(1, min(threads, len(pieces)))
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            folder, step, identity = local_copy
+
+            def copy_locally() -> None:
+                try:
+                    write_local_copy(Path(folder), step, identity, header, data, threads=threads)
+                    local_seconds[0] = time.perf_counter() - began
+                except Exception:  # no copy: a resume reads the store instead
+                    local_seconds[0] = -1.0
+
+            local_thread = threading.Thread(target=copy_locally, name="rtj-local-copy",
+                                            daemon=True)
+            local_thread.start()
         try:
-            if workers == 1:
-                digests = [_write_chunk(fd, view, at, start_writeback) for view, at in pieces]
-            else:
-                with ThreadPoolExecutor(max_workers=workers) as pool:
-                    digests = list(pool.map(
-                        lambda item: _write_chunk(fd, item[0], item[1], start_writeback), pieces))
-            written = time.perf_counter()
-            os.fsync(fd)
+            pieces = [(memoryview(header), 0)] + [
+                (data[start : start + chunk_bytes], len(header) + start)
+                for start in range(0, len(data), max(1, chunk_bytes))
+            ]
+            digests, written, synced = _write_file(tmp, pieces, threads)
         finally:
-            os.close(fd)
-        synced = time.perf_counter()
+            if local_thread is not None:
+                local_thread.join()  # it reads the staging buffer, which is reused after this
         os.replace(tmp, shard)
         fsync_dir(shard.parent)
         total = len(header) + len(data)
@@ -181,8 +181,8 @@ def write_shard(
             {"seconds": round(time.perf_counter() - began, 4),
              "write_seconds": round(written - began, 4),
              "fsync_seconds": round(synced - written, 4),
-             "threads": float(workers),
-             "local_seconds": round(local_seconds, 4)},
+             "threads": float(max(1, min(threads, len(pieces)))),
+             "local_seconds": round(local_seconds[0], 4)},
         )
         write_json_atomic(Path(record_path), record.to_json())
     except Exception as exc:  # keep the persistent worker alive; the checkpoint never commits
@@ -192,5 +192,26 @@ def write_shard(
             Path(record_path + ".error").write_text(repr(exc))
         if not in_worker:
             raise
+
+
+def _write_file(tmp: Path, pieces: list[tuple[memoryview, int]],
+                threads: int) -> tuple[list[str], float, float]:
+    """pwrite `pieces` ((bytes, offset)) into `tmp`, hashing each, with `threads` threads, then
+    fsync: (digests, written at, synced at) in perf_counter seconds."""
+    start_writeback = _start_writeback_function()
+    workers = max(1, min(threads, len(pieces)))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        if workers == 1:
+            digests = [_write_chunk(fd, view, at, start_writeback) for view, at in pieces]
+        else:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                digests = list(pool.map(
+                    lambda item: _write_chunk(fd, item[0], item[1], start_writeback), pieces))
+        written = time.perf_counter()
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return digests, written, time.perf_counter()
 
 
