@@ -144,6 +144,10 @@ class Session:
         them on again (`Resiliency.hang_protection_back_on`)."""
         with self._resiliency._client_lock:
             self._resiliency.leave_rank_monitor()
+        if self._startup is not None:
+            # An attempt that resumed at the last step ran none: its start-up timer must not
+            # switch the timeouts on again on the way out.
+            self._startup.cancel()
         if self._call_wrapper is not None:
             self._call_wrapper._disable_hang_protection()
             self._resiliency.hang_protection_off = True
@@ -462,6 +466,14 @@ class StartupAllowance:
             log.warning("the attempt's start took over %.1f s: the in-process soft timeout "
                         "applies again before the first step ended", self.seconds,
                         extra={"rank": self._rank})
+
+    def cancel(self) -> None:
+        """End the allowance without enabling the wrapper's timeouts (the caller keeps them
+        off: `Session.training_finished`)."""
+        with self._lock:
+            self._on = False
+            if self._timer is not None:
+                self._timer.cancel()
 
     def end(self) -> bool:
         """Enable the wrapper's timeouts again (idempotent); whether this call did."""
