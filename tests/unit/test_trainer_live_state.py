@@ -93,17 +93,24 @@ def test_the_update_is_announced_before_any_parameter_changes(
     assert not all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
 
 
-def test_a_staged_live_state_is_what_the_next_attempt_resumes_from(
-        tmp_path: Path, one_rank: parallel.DistributedContext) -> None:
-    model, optimizer, scheduler, data = _training(one_rank)
+def _saved_at_step_1(tmp_path: Path, model: Any, optimizer: Any, scheduler: Any,
+                     data: TokenBatches) -> tuple[Path, CheckpointConfig, ck.Checkpointer, Any]:
+    """One step, committed (sync) by a first attempt's checkpointer: (store, config, that
+    checkpointer, the live views taken at the save)."""
     store = tmp_path / "store"
     config = CheckpointConfig(dir=str(store), interval_steps=0, mode="sync")
     first = ck.Checkpointer(config, root=store, rank=0, world_size=1,
                             device=torch.device("cpu"), identity="a0-l0-i0-1")
     _step(model, optimizer, scheduler, data, 1)
     state = {**parallel.local_state(model, optimizer, scheduler), "step": 1}
-    first.save(1, state)  # committed (sync)
-    views = parallel.live_views(model, optimizer, state)
+    first.save(1, state)
+    return store, config, first, parallel.live_views(model, optimizer, state)
+
+
+def test_a_staged_live_state_is_what_the_next_attempt_resumes_from(
+        tmp_path: Path, one_rank: parallel.DistributedContext) -> None:
+    model, optimizer, scheduler, data = _training(one_rank)
+    store, config, first, views = _saved_at_step_1(tmp_path, model, optimizer, scheduler, data)
     assert views is not None
     for step in (2, 3):
         _step(model, optimizer, scheduler, data, step)
@@ -131,14 +138,7 @@ def test_the_registered_offer_is_made_at_the_finalize_step_when_the_attempt_made
     # The attempt's own handler was cut short by a repeated restart exception (or never ran):
     # the finalize step makes the offer the attempt registered, once; a withdrawn one is not.
     model, optimizer, scheduler, data = _training(one_rank)
-    store = tmp_path / "store"
-    config = CheckpointConfig(dir=str(store), interval_steps=0, mode="sync")
-    first = ck.Checkpointer(config, root=store, rank=0, world_size=1,
-                            device=torch.device("cpu"), identity="a0-l0-i0-1")
-    _step(model, optimizer, scheduler, data, 1)
-    state = {**parallel.local_state(model, optimizer, scheduler), "step": 1}
-    first.save(1, state)
-    views = parallel.live_views(model, optimizer, state)
+    store, config, first, views = _saved_at_step_1(tmp_path, model, optimizer, scheduler, data)
     assert views is not None
     _step(model, optimizer, scheduler, data, 2)
     offers: list[int] = []
