@@ -224,11 +224,17 @@ class Trainer:
         The state is read in place and needs no process group: on every rank but the failing
         one, NVRx has aborted and destroyed it by now. Returns whether it offered."""
         live, views = self._live, self._live_views
-        if not self._keeps_live_state or live is None or views is None:
+        if not self._keeps_live_state:
             return False
-        step, rng, completed_at = live
-        if step != self.current_step:
+        step = None if live is None else live[0]
+        if live is None or views is None or step != self.current_step:
+            log.info("the training state after step %d is not kept (%s): the next attempt "
+                     "resumes from the last save", self.current_step,
+                     "no step done, or the optimizer was updating" if live is None
+                     else "no views of it" if views is None else f"it is that of step {step}",
+                     extra={"rank": self.rank})
             return False
+        _, rng, completed_at = live
         local = parallel.live_state(views, self.optimizer, self.scheduler)
         self.checkpointer.offer_live(step, self._whole_state(local, rng=rng,
                                                              completed_at=completed_at))

@@ -733,23 +733,27 @@ def stage_offered() -> int | None:
     it: called where no asynchronous exception of NVRx's monitor thread can land any more (the
     wrapper's finalize step, after `close_interrupted`), and before a new attempt builds its
     checkpointer. Returns the step staged, if any."""
-    offers = list(_OFFERS)
-    _OFFERS.clear()
-    if not _OFFERED and offers:
+    # Each entry is removed only once its work is done: a call cut short (an exception of NVRx's
+    # that was already pending when its monitor thread stopped) leaves it to the next call,
+    # which the next attempt makes before it builds its checkpointer (Trainer.__init__).
+    if not _OFFERED and _OFFERS:
         try:
-            offers[0]()
+            _OFFERS[0]()
         except Exception as exc:  # the restart goes on: the next attempt resumes from a copy
             log.warning("could not offer the interrupted attempt's training state: %s", exc)
+    _OFFERS.clear()
     if not _OFFERED:
         return None
-    checkpointer, step, state = _OFFERED.pop()  # offer_live keeps at most one
+    checkpointer, step, state = _OFFERED[0]  # offer_live keeps at most one
     began = time.perf_counter()
     try:
         checkpointer.stage_live(step, state)
     except Exception as exc:  # the restart goes on: the next attempt resumes from a copy
+        _OFFERED.clear()
         log.warning("could not keep the training state after step %d in memory: %s", step, exc,
                     extra={"rank": checkpointer.rank})
         return None
+    _OFFERED.clear()
     log.info("kept the training state after step %d in memory for the next attempt (%.3f s)",
              step, time.perf_counter() - began, extra={"rank": checkpointer.rank})
     return step
