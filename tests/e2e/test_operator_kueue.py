@@ -88,12 +88,19 @@ def test_two_jobs_in_a_queue_for_one_run_one_after_the_other(
         wide = cluster.kubectl("get", "rtj", waiting, "-n", ns, "-o", "wide").stdout
         assert "WaitingForAdmission" in wide and "insufficient" in wide, wide
 
-        # Until the running one has finished, the other has no pod and stays suspended.
+        # Until the running one has finished, the other has no pod and stays suspended. The
+        # waiting job is read first and the running one's state after it: the operator marks the
+        # Workload Finished (which lets Kueue start the waiting job) only once the running job's
+        # status says it finished, so a waiting job found started means a running job found
+        # finished.
         def running_done() -> bool:
-            assert job(cluster, ns, waiting)["spec"]["suspend"] is True
-            assert not [n for n in pods_by_role(cluster, ns, "trainer")
-                        if n.startswith(f"{waiting}-")]
-            return status(cluster, ns, running).get("state") in ("Succeeded", "Failed")
+            suspended = job(cluster, ns, waiting)["spec"]["suspend"]
+            started = [n for n in pods_by_role(cluster, ns, "trainer")
+                       if n.startswith(f"{waiting}-")]
+            if status(cluster, ns, running).get("state") in ("Succeeded", "Failed"):
+                return True
+            assert suspended is True and not started, (suspended, started)
+            return False
 
         wait_for(f"{running} to finish", running_done, timeout=300, interval=2, context=context)
         assert status(cluster, ns, running)["state"] == "Succeeded", context()

@@ -304,7 +304,13 @@ def test_a_finished_job_marks_its_workload_finished_once() -> None:
     done = world(trainer(0, "Succeeded", exit_code=0), trainer(1, "Succeeded", exit_code=0),
                  rdzv=rendezvous())
     view = a_workload(admitted=True)
-    outcome = decide(j, done, queue=queue(view))
+    decided = decide(j, done, queue=queue(view))
+    assert decided.status["state"] == "Succeeded"
+    # Not in the pass that decides it: Kueue must not start the next job before this one's
+    # status says it finished (a reader would see two jobs running on one job's quota).
+    assert not decided.of_type(PatchWorkload)
+    j = started_job(status=decided.status)
+    outcome = decide(j, done, queue=queue(view), memory=decided.memory)
     assert outcome.status["state"] == "Succeeded"
     (finish,) = outcome.of_type(PatchWorkload)
     assert finish.status

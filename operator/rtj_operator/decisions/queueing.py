@@ -11,7 +11,8 @@ Kueue's own kinds (pkg/controller/jobframework/reconciler.go in v0.17; docs/kueu
 - Workload evicted (preempted, deactivated, ...): suspend the job (its trainers checkpoint
   before they stop); once no pod is left, give the job its own placement back and clear the
   Workload's admission (`QuotaReserved` False, `Requeued`) so that Kueue queues it again;
-- job finished: mark the Workload `Finished` (Succeeded or Failed), so Kueue releases its quota.
+- job finished: mark the Workload `Finished` (Succeeded or Failed), so Kueue releases its quota,
+  in the first pass whose job already shows that state in its status (never before).
 
 `admit` runs before the other rules and says whether this pass must treat the job as suspended
 (`QueueStep.hold`); `report` runs after them: the `Queued` condition, the `Queued` state of a
@@ -300,7 +301,12 @@ def report(decided: Decision, step: QueueStep, *, job: ResilientTrainingJob,
     events: list[PostEvent] = [*step.events, *decided.events]
     workload = step.workload
     state = status.state
-    if state in FINISHED_STATES and workload is not None and not workload.true(kueueapi.FINISHED):
+    # The Workload is marked Finished only once the job's status already says so (a pass after
+    # the one that decided it): Kueue releases the quota, and may start the next queued job, only
+    # after anyone reading this job sees it Succeeded or Failed, never before.
+    shown = job.status.state if job.status is not None else None
+    if state in FINISHED_STATES and shown == state and workload is not None \
+            and not workload.true(kueueapi.FINISHED):
         assert state is not None
         actions.append(PatchWorkload(workload.name, workload.resource_version,
                                      finish_status(workload, state, status.message or "", now),
