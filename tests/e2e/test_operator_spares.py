@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 STEPS = 120
+STEP_SECONDS = 0.25
+"""train.min_step_seconds of the spare jobs: 120 steps take at least 30 s, so that the kill falls
+in the middle of training. A tiny CPU step takes a few milliseconds: in one CI run (2026-12-02)
+the job finished, Succeeded, before the test saw it go 15 steps past the kill; most likely the
+spare was reported ready, and the pod killed, too near the end."""
 
 
 def trainer_pids(cluster: Cluster, ns: str, pod: str) -> set[int]:
@@ -49,6 +54,7 @@ def trainer_pids(cluster: Cluster, ns: str, pod: str) -> set[int]:
 def spare_job(name: str, *, spares: int) -> dict[str, Any]:
     manifest = cpu_tiny(name, steps=STEPS, faults=None)
     manifest["spec"]["faultTolerance"]["spares"] = spares
+    manifest["spec"]["args"] += ["--set", f"train.min_step_seconds={STEP_SECONDS}"]
     # Six ranks' first step, while six checkpoint writers import torch, takes 10 s and more on a
     # 2-core host, beyond the in-process soft timeout (heartbeat timeout / 2 = 10 s): the product
     # defaults must not take it for a hang (the start-up allowance, rtj_trainer.resiliency).
@@ -75,6 +81,7 @@ def test_a_warm_spare_takes_over_a_lost_pod_and_the_others_keep_their_processes(
     assert all(len(p) >= 2 for p in before.values()), before  # the workers (and their helpers)
     uid_1 = trainers[f"{name}-1"]["metadata"]["uid"]
     step_at_kill = ready.get("step") or 0
+    assert step_at_kill <= STEPS - 30, f"the spare was ready only at step {step_at_kill}"
 
     cluster.nodes.kill_pod(ns, f"{name}-1")  # every process of pod 1, its launcher too
 

@@ -48,6 +48,7 @@ def test_json_config_files_are_accepted(tmp_path: Path) -> None:
         (["model.num_heads=5"], {}, "model.d_model (64) must be divisible by model.num_heads"),
         ([], {"RTJ_CHECKPOINT_KEEP": "0"}, "checkpoint.keep"),
         (["steps"], {}, "expected KEY=VALUE"),
+        (["train.min_step_seconds=-1"], {}, "train.min_step_seconds"),
     ],
 )
 def test_bad_values_raise_an_error_naming_the_field(

@@ -7,6 +7,7 @@ import time
 
 import pytest
 from rtj_trainer.parallel import poll
+from rtj_trainer.train import pace
 
 pytestmark = pytest.mark.unit
 
@@ -35,3 +36,24 @@ def test_poll_asks_first_and_does_not_sleep_when_already_done() -> None:
     calls = []
     assert poll(lambda: calls.append(1) or True, seconds=0, max_pause=1.0)
     assert calls == [1]
+
+
+def test_pace_sleeps_out_the_rest_of_a_step_in_short_slices(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """train.min_step_seconds: the loop sleeps until the step's end, never in one long sleep (an
+    asynchronous exception of the in-process wrapper must be able to land)."""
+    slept: list[float] = []
+    real_sleep = time.sleep
+
+    def recorded(seconds: float) -> None:
+        slept.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", recorded)
+    until = time.monotonic() + 0.2
+    pace(until, slice_seconds=0.05)
+    assert time.monotonic() >= until
+    assert len(slept) >= 4 and max(slept) <= 0.05
+    slept.clear()
+    pace(time.monotonic() - 1.0)  # a step already longer than the minimum: no sleep at all
+    assert slept == []

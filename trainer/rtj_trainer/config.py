@@ -115,6 +115,11 @@ class TrainConfig(_Section):
     usual): shows where a rank was stuck when a watchdog ends it."""
     run_dir: str | None = None
     """Where per-step losses (losses.jsonl) and job state go; default: checkpoint.dir."""
+    min_step_seconds: float = Field(default=0.0, ge=0, le=60)
+    """Testing and demo knob: each step of the loop takes at least this long (the rank sleeps
+    out the rest, in short slices, after the step and its checkpoint), so that a CPU job of a
+    few milliseconds a step lasts long enough for a test to act in the middle of it. It changes
+    no number the job computes. 0: off."""
 
 
 class CheckpointConfig(_Section):

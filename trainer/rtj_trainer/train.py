@@ -46,6 +46,13 @@ class Finished:
     """...and every rank of the job had been asked to stop (not only some pods)."""
 
 
+def pace(until: float, *, slice_seconds: float = 0.05) -> None:
+    """Sleep until monotonic time `until` (train.min_step_seconds), in slices short enough for
+    an asynchronous exception of the in-process wrapper to land between them."""
+    while (left := until - time.monotonic()) > 0:
+        time.sleep(min(left, slice_seconds))
+
+
 def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
     trainer = Trainer.build(cfg, session)
     clean = False
@@ -63,11 +70,13 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
         loop_began = time.perf_counter()
         STOP.arm()  # from now on a SIGTERM asks for a checkpoint, then a stop
         for step in range(trainer.current_step + 1, cfg.train.steps + 1):
+            step_began = time.monotonic()
             injector.maybe_fire(step)
             trainer.step(step)
             if trainer.checkpoint_due(step):
                 trainer.save(step)
             trainer.report(step)
+            pace(step_began + cfg.train.min_step_seconds)
             if step < cfg.train.steps and agreement.should_stop(step, trainer.steps_this_attempt):
                 everyone = trainer.stop(step, agreement)
                 clean = True
