@@ -8,9 +8,10 @@ bench/localrun.py). Scenarios:
 
 - `exception-inprocess`: a Python exception with in-process restart on (NVRx `inprocess.Wrapper`
   re-enters the training function in the same processes). It runs with its own, longer heartbeat
-  timeout (`--inprocess-heartbeat-timeout`, 15 s): on CPU the surviving rank sits in a gloo
-  collective until gloo's 5 s timeout (gloo cannot be aborted), and a rank-monitor heartbeat
-  timeout at or below that kills the workers first, turning it into a launcher restart;
+  timeout (`--inprocess-heartbeat-timeout`, 15 s): before the restart cut the attempt's gloo
+  connections (rtj_trainer.gloocut) the surviving rank sat in a gloo collective until gloo's 5 s
+  timeout, and a rank-monitor heartbeat timeout at or below that killed the workers first,
+  turning it into a launcher restart; the longer timeout is kept so that runs compare;
 - `exception-launcher`: the same exception with in-process restart off (ft_launcher restarts the
   worker group);
 - `sigkill`: the rank's process is SIGKILLed (ft_launcher notices the dead worker);
@@ -85,8 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="ft_launcher rank heartbeat timeout, seconds (default 5)")
     parser.add_argument("--inprocess-heartbeat-timeout", type=float, default=15.0,
                         help="heartbeat timeout of the in-process scenario (default 15): it must "
-                             "exceed the 5 s gloo timeout the surviving rank waits out on CPU, "
-                             "or the rank monitor restarts the workers first")
+                             "exceed the 5 s gloo timeout a surviving rank could wait out on CPU "
+                             "before the restart cut gloo's connections (rtj_trainer.gloocut)")
     add_local_run_arguments(parser, run_timeout=300.0)
     args = parser.parse_args(argv)
     unknown = [s for s in args.scenarios.split(",") if s and s not in SCENARIOS]

@@ -169,7 +169,8 @@ class ResiliencyConfig(_Section):
     observed intervals (a collective on all ranks); 0 keeps the launcher's fixed timeouts."""
     collective_timeout_seconds: float | None = None
     """Process-group timeout; default: 5 s on CPU/gloo with in-process restart (gloo cannot be
-    aborted), otherwise 2 x heartbeat_timeout_seconds."""
+    aborted; an in-process restart cuts its connections, rtj_trainer.gloocut, and this is the
+    backstop), otherwise 2 x heartbeat_timeout_seconds."""
     inprocess_max_restarts: int = Field(default=5, ge=0)
     inprocess_soft_timeout_seconds: float | None = Field(default=None, gt=0)
     """Hang guard of the in-process wrapper; default: heartbeat_timeout_seconds / 2."""

@@ -36,6 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from . import gloocut
 from .checkpoint.format import CheckpointError
 from .config import Config, LaunchEnvironment
 from .model import GPT
@@ -92,8 +93,15 @@ def init_distributed(
         kwargs.update(store=store, rank=launch.rank, world_size=launch.world_size)
     if device.type == "cuda":
         kwargs["device_id"] = device
+    # In the in-process wrapper (a store is given) on gloo, remember the group's connections so
+    # that a restart can cut them (rtj_trainer.gloocut: gloo has no abort).
+    cuttable = store is not None and backend == "gloo"
+    before = gloocut.snapshot() if cuttable else frozenset()
     dist.init_process_group(backend, **kwargs)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    if cuttable:
+        gloocut.record(before, exclude_ports=frozenset(
+            {launch.master_port, launch.master_port + 2} - {0}))
     return DistributedContext(
         rank=dist.get_rank(),
         local_rank=launch.local_rank,

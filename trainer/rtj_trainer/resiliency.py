@@ -11,7 +11,9 @@ Two NVRx pieces meet here:
   builds its own process group on a fresh key prefix of an application TCPStore at
   MASTER_PORT+1 (the wrapper's own store is at MASTER_PORT+2). On CPU the wrapper is built with
   LOCAL_RANK unset (otherwise it chains NVML health checks that fail without a GPU; docs/nvrx.md
-  I1) and gloo uses a short timeout (gloo cannot be aborted). On CUDA it adds `CudaHealthCheck`.
+  I1), gloo uses a short timeout and, since gloo cannot be aborted, the wrapper's abort cuts the
+  attempt's gloo connections (rtj_trainer.gloocut) so that no rank waits that timeout out. On
+  CUDA it adds `CudaHealthCheck`.
   The wrapper gives up (and the process exits, so ft_launcher restarts the job) when fewer than
   all ranks are left: our checkpoints are per-rank shards for a fixed world size.
 
@@ -317,12 +319,15 @@ class Resiliency:
                              "timeout": timedelta(seconds=120)},
             "initialize": retry if listener is None else inprocess.Compose(
                 retry, _entering(listener)),
-            # Compose runs right to left: leave the rank monitor first, then abort NCCL. The
-            # checkpoint writer is not aborted here (NVRx's AbortPersistentCheckpointProcesses):
-            # the attempt's own close keeps an idle one for the next attempt and stops a busy one
-            # (rtj_trainer.checkpoint.ProcessWriter), before the next attempt can stage anything.
+            # Compose runs right to left: leave the rank monitor first, then cut gloo's
+            # connections (a no-op on NCCL; rtj_trainer.gloocut), then abort NCCL and destroy the
+            # process groups. The checkpoint writer is not aborted here (NVRx's
+            # AbortPersistentCheckpointProcesses): the attempt's own close keeps an idle one for
+            # the next attempt and stops a busy one (rtj_trainer.checkpoint.ProcessWriter),
+            # before the next attempt can stage anything.
             "abort": inprocess.Compose(
                 inprocess_abort.AbortTorchDistributed(),
+                _cut_gloo_abort(),
                 _pause_rank_monitor_abort(self),
             ),
             # After the monitor thread stopped raising into the main thread: finish any
@@ -498,6 +503,22 @@ def _pause_rank_monitor_abort(resiliency: Resiliency) -> Any:
             return state
 
     return PauseRankMonitor()
+
+
+def _cut_gloo_abort() -> Any:
+    """An NVRx `Abort` step that cuts this rank's gloo connections (rtj_trainer.gloocut), so
+    that no rank waits out gloo's timeout in a collective that will never complete."""
+    from nvidia_resiliency_ext.inprocess.abort import Abort
+
+    from . import gloocut
+
+    class CutGlooConnections(Abort):  # type: ignore[misc]
+        def __call__(self, state: Any) -> Any:
+            if cut := gloocut.cut():
+                log.info("cut %d gloo connection(s) of the ended attempt", cut)
+            return state
+
+    return CutGlooConnections()
 
 
 def _finish_interrupted_closes() -> Any:

@@ -25,7 +25,7 @@ from typing import IO, Any
 import torch
 import torch.distributed as dist
 
-from . import parallel, timeline
+from . import gloocut, parallel, timeline
 from .checkpoint import Checkpointer, close_interrupted, job_identity, stage_offered
 from .checkpoint.store import read_commit_log
 from .config import Config
@@ -105,6 +105,7 @@ def _release(ctx: parallel.DistributedContext, *, clean: bool) -> None:
     if clean:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+        gloocut.forget()
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
 

@@ -1,0 +1,126 @@
+"""Gloo has no abort (pytorch/pytorch#130345): cut its connections instead.
+
+With in-process restart on CPU, a rank whose peer failed stays blocked inside a gloo collective
+until gloo's timeout (5 s here, `parallel.collective_timeout`) unless the peer it waits on closes
+its connection: a rank that waits on a *surviving* peer, which itself left the collective with
+an error, waits the whole timeout, since that peer's process group is still alive (FSDP's mesh
+holds it). Measured on the local cluster: when a warm spare took over a lost pod, the survivor's
+other rank left its collective 4.75 s after the first, by the timeout. NVRx's
+`AbortTorchDistributed` aborts NCCL only; `ProcessGroupGloo.abort()` and `shutdown()` (torch 2.15)
+and `destroy_process_group()` leave a pending gloo operation, and its peer's, waiting.
+
+What does end it at once is a TCP shutdown of the process group's sockets: the local operation
+fails ("Connection closed by peer") and so does every peer's that waits on this rank. The process
+group is then destroyed as usual (NVRx's abort) and the next attempt builds a new one. So:
+
+- `record(before)` after `init_process_group` (and the mesh): the TCP sockets that appeared since
+  the `snapshot()` taken before it are this attempt's gloo connections (the only sockets the
+  set-up opens when it is given a store; the store's own port is excluded all the same);
+- `cut()`, an NVRx abort step in the wrapper's monitor thread, shuts them down (`SHUT_RDWR`, no
+  close: gloo still owns the descriptors and closes them when the group is destroyed). It runs
+  on every rank of a restart, also on one whose main thread is blocked in the collective.
+
+CPU/gloo only: NCCL's bootstrap sockets are never recorded (NCCL has its own abort).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_recorded: frozenset[int] = frozenset()
+"""Socket inodes of the current attempt's gloo connections."""
+
+
+def _sockets() -> dict[int, int]:
+    """inode -> file descriptor of this process's sockets."""
+    found: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:[") and target.endswith("]"):
+            found[int(target[8:-1])] = int(name)
+    return found
+
+
+def _tcp_ports(fd: int) -> tuple[int, int] | None:
+    """(local port, peer port) of a connected TCP socket, else None."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return None
+    try:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or \
+                sock.type != socket.SOCK_STREAM:
+            return None
+        return sock.getsockname()[1], sock.getpeername()[1]
+    except OSError:
+        return None  # not connected (a listening socket), or gone
+    finally:
+        sock.detach()  # the descriptor is not ours to close
+
+
+def snapshot() -> frozenset[int]:
+    """The inodes of this process's sockets now (take it right before `init_process_group`)."""
+    return frozenset(_sockets())
+
+
+def record(before: frozenset[int], *, exclude_ports: frozenset[int] = frozenset()) -> int:
+    """Remember the connected TCP sockets opened since `before` (skipping any whose local or
+    peer port is in `exclude_ports`) as the current attempt's gloo connections; returns how
+    many."""
+    global _recorded
+    mine = set()
+    for inode, fd in _sockets().items():
+        if inode in before:
+            continue
+        ports = _tcp_ports(fd)
+        if ports is not None and not exclude_ports.intersection(ports):
+            mine.add(inode)
+    with _lock:
+        _recorded = frozenset(mine)
+    return len(mine)
+
+
+def forget() -> None:
+    """The attempt's process group was destroyed cleanly: nothing to cut."""
+    global _recorded
+    with _lock:
+        _recorded = frozenset()
+
+
+def cut() -> int:
+    """Shut down the recorded connections that are still open; returns how many. Safe from any
+    thread: only `shutdown(2)`, no close."""
+    global _recorded
+    with _lock:
+        wanted, _recorded = _recorded, frozenset()
+    if not wanted:
+        return 0
+    done = 0
+    for inode, fd in _sockets().items():
+        if inode not in wanted:
+            continue
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+            done += 1
+        except OSError:
+            pass  # already shut or reset by the peer
+        finally:
+            sock.detach()
+    return done
