@@ -38,6 +38,7 @@ an ft_launcher restart; docs/nvrx.md, "Why an in-process restart falls back"):
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import logging
@@ -305,8 +306,11 @@ class Resiliency:
         # once. With torch imported a full collection walks some 360,000 objects: 0.8-1.5 s on a
         # loaded 2-core host, paid by every in-process restart and every warm spare's take-over.
         # What exists now (modules, the session) lives as long as the process: leave it out of
-        # every later collection. The attempts' own objects are collected as before.
+        # every later collection. The attempts' own objects are collected as before. Unfrozen
+        # at exit: objects still frozen then are never finalised, and native extensions report
+        # them on stderr as leaks (nanobind's lines cut into the summary line in a pod's log).
         gc.freeze()
+        atexit.register(gc.unfreeze)
         res = self.cfg.resiliency
         soft = self._soft_timeout()
         watchdog = min(1.0, soft / 4)

@@ -399,12 +399,15 @@ class Checkpointer:
 
     def _stop_busy_writer(self) -> None:
         """Stop this rank's writer, which is still writing from the staging buffer; its
-        replacement starts at the wrapper's finalize step (ProcessWriter.start_replacement)."""
-        log.info("checkpoint writer stopped: a write was in flight", extra={"rank": self.rank})
+        replacement starts at the wrapper's finalize step (ProcessWriter.start_replacement).
+        Said once the writer is stopped, right before the queue is dropped: a stop cut short by
+        an in-process restart's exception is done again by `close_interrupted`, and said then
+        (it was said twice when the line came first)."""
         with contextlib.suppress(Exception):
             self._queue.close(abort=True)
-        self._queue = None
         ProcessWriter.stopped_busy(self.rank)
+        log.info("checkpoint writer stopped: a write was in flight", extra={"rank": self.rank})
+        self._queue = None
 
     def poll(self) -> CheckpointStats:
         """Finalize finished local writes and notice commits. Cheap and local: on rank 0 a queue
