@@ -25,10 +25,12 @@ CPU/gloo only: NCCL's bootstrap sockets are never recorded (NCCL has its own abo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
+from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -54,21 +56,31 @@ def _sockets() -> dict[int, int]:
     return found
 
 
-def _tcp_ports(fd: int) -> tuple[int, int] | None:
-    """(local port, peer port) of a connected TCP socket, else None."""
+@contextlib.contextmanager
+def _borrowed(fd: int) -> Iterator[socket.socket | None]:
+    """A socket object over descriptor `fd` (None if it is gone), detached again afterwards:
+    the descriptor is not ours to close."""
     try:
         sock = socket.socket(fileno=fd)
     except OSError:
-        return None
+        yield None
+        return
     try:
-        if sock.family not in (socket.AF_INET, socket.AF_INET6) or \
+        yield sock
+    finally:
+        sock.detach()
+
+
+def _tcp_ports(fd: int) -> tuple[int, int] | None:
+    """(local port, peer port) of a connected TCP socket, else None."""
+    with _borrowed(fd) as sock:
+        if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6) or \
                 sock.type != socket.SOCK_STREAM:
             return None
-        return sock.getsockname()[1], sock.getpeername()[1]
-    except OSError:
-        return None  # not connected (a listening socket), or gone
-    finally:
-        sock.detach()  # the descriptor is not ours to close
+        try:
+            return sock.getsockname()[1], sock.getpeername()[1]
+        except OSError:
+            return None  # not connected (a listening socket), or gone
 
 
 def snapshot() -> frozenset[int]:
@@ -112,15 +124,12 @@ def cut() -> int:
     for inode, fd in _sockets().items():
         if inode not in wanted:
             continue
-        try:
-            sock = socket.socket(fileno=fd)
-        except OSError:
-            continue
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-            done += 1
-        except OSError:
-            pass  # already shut or reset by the peer
-        finally:
-            sock.detach()
+        with _borrowed(fd) as sock:
+            if sock is None:
+                continue
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                done += 1
+            except OSError:
+                pass  # already shut or reset by the peer
     return done

@@ -101,7 +101,7 @@ def init_distributed(
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     if cuttable:
         gloocut.record(before, exclude_ports=frozenset(
-            {launch.master_port, launch.master_port + 2} - {0}))
+            {launch.master_port, launch.master_port + 2}))
     return DistributedContext(
         rank=dist.get_rank(),
         local_rank=launch.local_rank,
