@@ -8,14 +8,18 @@ tests of a session).
 - the operator SIGKILLed in the middle of a recovery: the recovery completes, counted once;
 - the rendezvous pod lost: a full restart from the last commit;
 - a stalled step is flagged although the operator restarts more often than the progress timeout
-  (review C8).
+  (review C8);
+- full restarts in a row back off (a rendezvous store that cannot start), and the job starts once
+  the cause has passed.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
+import socket
 import time
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -23,6 +27,7 @@ from e2e.test_operator_jobs import (
     apply,
     cpu_tiny,
     describe,
+    events,
     pods_by_role,
     status,
     summary,
@@ -234,3 +239,64 @@ def test_a_stalled_step_is_flagged_although_the_operator_restarts_faster_than_th
     cluster.kubectl("delete", "rtj", name, "-n", ns, "--wait=false")
     cluster.kubectl("delete", "pods", "-n", ns, "-l", f"training.resilient.dev/job={name}",
                     "--grace-period=0", "--force", "--wait=false", check=False)
+
+
+@pytest.mark.long
+def test_full_restarts_in_a_row_back_off_and_the_job_starts_once_the_cause_passes(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """A rendezvous store that dies at every start (here its port is held, as the frozen
+    process of a force-deleted rendezvous pod held it in the fault campaign) is a FullRestart
+    each time. From the second in a row on, the pods start again only after a back-off: 10 s,
+    then 20 s (recovery.full_restart_backoff); before it, the job spent its whole full-restart
+    budget within a couple of minutes. Once the port is free the job starts, recovers and
+    finishes with the fault-free loss."""
+    ns, name = namespace, "backoff"
+    steps = 20
+    manifest = cpu_tiny(name, steps=steps, faults=None)
+    manifest["spec"]["faultTolerance"]["fullRestartBudget"] = {"max": 6, "windowSeconds": 3600}
+    reference = fault_free_loss(cluster, ns, operator, steps)
+    wait_for("the reference job's rendezvous pod to be gone",
+             lambda: not pods_by_role(cluster, ns, "rendezvous"), timeout=60)
+
+    def context() -> str:
+        return describe(cluster, ns, name, operator)
+
+    def full_restarts() -> list[dict[str, Any]]:
+        return [i for i in status(cluster, ns, name).get("incidents", [])
+                if i.get("action") == "FullRestart"]
+
+    holder = socket.socket()
+    messages: set[str] = set()
+    try:
+        holder.bind(("127.0.0.1", int(operator.env["RTJ_OPERATOR_RENDEZVOUS_PORT"])))
+        holder.listen()
+        apply(cluster, ns, manifest)
+
+        def four() -> list[dict[str, Any]] | None:
+            messages.add(str(status(cluster, ns, name).get("message", "")))
+            found = full_restarts()
+            return found if len(found) >= 4 else None
+
+        held = wait_for("four full restarts while the rendezvous port is held", four,
+                        timeout=240, interval=0.5, context=context)
+    finally:
+        holder.close()
+
+    final = finish(cluster, ns, name, operator)
+    assert final["state"] == "Succeeded", context()
+    assert final["step"] == steps, final
+    acted = [datetime.fromisoformat(i["actedTime"].replace("Z", "+00:00")) for i in held]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(acted)]
+    # Times in status are whole seconds: a 10 s back-off shows as at least 9 s.
+    assert gaps[1] >= 9 and gaps[2] >= 19, (gaps, context())
+    assert all(i["cause"] == "RendezvousLost" for i in held), held
+    backoffs = [e["message"] for e in events(cluster, ns, "FullRestartBackOff")]
+    assert any("2 full restarts in a row" in m and "in 10 s" in m for m in backoffs), backoffs
+    assert any("3 full restarts in a row" in m and "in 20 s" in m for m in backoffs), backoffs
+    assert any("the pods start again at" in m for m in messages), messages
+    # The streak ended with the start: every full restart of it is closed as recovered.
+    closed = [i for i in final.get("incidents", []) if i.get("action") == "FullRestart"]
+    assert final["restarts"]["full"] == len(closed) >= 4, final
+    assert closed[-1].get("recoveredTime"), closed
+    assert summary(cluster, ns, f"{name}-0")["final_loss"] == reference
