@@ -3,6 +3,7 @@ gloo's timeout in a collective that will never complete (gloo has no abort)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -60,6 +61,23 @@ def test_excluded_ports_and_a_clean_end_are_never_cut() -> None:
         assert accepted.recv(2) == b"ok"
     finally:
         for s in (server, client, accepted):
+            s.close()
+
+
+def test_a_connection_accepted_by_a_server_older_than_the_snapshot_is_not_recorded() -> None:
+    """A Prometheus scrape of the rank's metrics endpoint during `init_process_group` is not a
+    gloo connection: the endpoint listened before the snapshot. The scraper's end (another
+    process on a cluster; this one here) is still new, and so recorded."""
+    metrics = socket.create_server(("127.0.0.1", 0))
+    before = gloocut.snapshot()
+    scraper = socket.create_connection(metrics.getsockname())
+    served, _ = metrics.accept()
+    try:
+        assert gloocut.record(before) == 1
+        assert gloocut._recorded == {os.fstat(scraper.fileno()).st_ino}
+    finally:
+        gloocut.forget()
+        for s in (metrics, scraper, served):
             s.close()
 
 

@@ -15,7 +15,9 @@ group is then destroyed as usual (NVRx's abort) and the next attempt builds a ne
 
 - `record(before)` after `init_process_group` (and the mesh): the TCP sockets that appeared since
   the `snapshot()` taken before it are this attempt's gloo connections (the only sockets the
-  set-up opens when it is given a store; the store's own port is excluded all the same);
+  set-up opens when it is given a store; the store's own port is excluded all the same, and so
+  is a connection accepted meanwhile by a server that listened before the snapshot, such as a
+  Prometheus scrape of the rank's metrics endpoint);
 - `cut()`, an NVRx abort step in the wrapper's monitor thread, shuts them down (`SHUT_RDWR`, no
   close: gloo still owns the descriptors and closes them when the group is destroyed). It runs
   on every rank of a restart, also on one whose main thread is blocked in the collective.
@@ -71,16 +73,21 @@ def _borrowed(fd: int) -> Iterator[socket.socket | None]:
         sock.detach()
 
 
-def _tcp_ports(fd: int) -> tuple[int, int] | None:
-    """(local port, peer port) of a connected TCP socket, else None."""
+def _tcp_ports(fd: int) -> tuple[int, int | None] | None:
+    """(local port, peer port) of a TCP socket, the peer port None when it is not connected (a
+    listening socket); None for any other socket, or one gone meanwhile."""
     with _borrowed(fd) as sock:
         if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6) or \
                 sock.type != socket.SOCK_STREAM:
             return None
         try:
-            return sock.getsockname()[1], sock.getpeername()[1]
+            local = sock.getsockname()[1]
         except OSError:
-            return None  # not connected (a listening socket), or gone
+            return None
+        try:
+            return local, sock.getpeername()[1]
+        except OSError:
+            return local, None
 
 
 def snapshot() -> frozenset[int]:
@@ -90,15 +97,22 @@ def snapshot() -> frozenset[int]:
 
 def record(before: frozenset[int], *, exclude_ports: frozenset[int] = frozenset()) -> int:
     """Remember the connected TCP sockets opened since `before` (skipping any whose local or
-    peer port is in `exclude_ports`) as the current attempt's gloo connections; returns how
-    many."""
+    peer port is in `exclude_ports`, and any accepted by a server that was listening at
+    `before`) as the current attempt's gloo connections; returns how many."""
     global _recorded
+    now = _sockets()
+    # A connection accepted by a server that listened before the snapshot (the rank's metrics
+    # endpoint) has that server's port as its local port: it is not gloo's.
+    servers = {ports[0] for inode in before & now.keys()
+               if (ports := _tcp_ports(now[inode])) is not None and ports[1] is None}
     mine = set()
-    for inode, fd in _sockets().items():
+    for inode, fd in now.items():
         if inode in before:
             continue
         ports = _tcp_ports(fd)
-        if ports is not None and not exclude_ports.intersection(ports):
+        if ports is None or ports[1] is None or ports[0] in servers:
+            continue
+        if not exclude_ports.intersection(ports):
             mine.add(inode)
     with _lock:
         _recorded = frozenset(mine)
