@@ -104,7 +104,9 @@ def test_two_jobs_in_a_queue_for_one_run_one_after_the_other(
 
         wait_for(f"{running} to finish", running_done, timeout=300, interval=2, context=context)
         assert status(cluster, ns, running)["state"] == "Succeeded", context()
-        assert finished_condition(cluster, ns, running).get("reason") == "Succeeded"
+        # The Workload is marked Finished by the pass after the one that wrote Succeeded.
+        wait_for(f"{running}'s Workload Finished", lambda: finished_condition(
+            cluster, ns, running).get("reason") == "Succeeded", timeout=60, context=context)
 
         # Its quota released, the other is admitted and runs to the end.
         wait_for(f"{waiting} to finish", lambda: status(cluster, ns, waiting).get("state")
@@ -114,7 +116,8 @@ def test_two_jobs_in_a_queue_for_one_run_one_after_the_other(
         assert final["step"] == 20
         assert next(c for c in final["conditions"] if c["type"] == "Queued")["reason"] \
             == "Admitted"
-        assert finished_condition(cluster, ns, waiting).get("reason") == "Succeeded"
+        wait_for(f"{waiting}'s Workload Finished", lambda: finished_condition(
+            cluster, ns, waiting).get("reason") == "Succeeded", timeout=60, context=context)
     finally:
         for kind in ("clusterqueue", "resourceflavor"):
             cluster.kubectl("delete", kind, queue, "--wait=false", "--ignore-not-found",
