@@ -192,6 +192,10 @@ class NodeLiveness:
     samples: tuple[RankSample, ...] = ()
     """The ranks that answered; a rank whose endpoint did not answer is missing."""
     expected_ranks: int = 0
+    finished: bool = False
+    """The pod's launcher reports that every local worker exited 0 (`"finished": true` in its
+    `GET /ranks`): its training is done and the launcher waits in torchelastic's exit barrier for
+    the others, so its ranks' heartbeats stop for a good reason."""
     read_time: float | None = None
     """Unix time the pod's answer arrived: a heartbeat's age is measured at its read, so an
     answer read a while ago (a pass that re-reads only some pods) never makes a heartbeat look

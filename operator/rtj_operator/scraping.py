@@ -114,7 +114,8 @@ def node_liveness_from_json(
     text: str | bytes, *, node_index: int, pod_uid: str, procs: int
 ) -> NodeLiveness:
     """A pod's `GET /ranks` document as its NodeLiveness (ranks that never answered are not in
-    it: the pod is then incomplete). Raises ValueError for a document of another shape."""
+    it: the pod is then incomplete; `"finished": true`: every local worker exited 0). Raises
+    ValueError for a document of another shape."""
     document = json.loads(text)
     ranks = document.get("ranks") if isinstance(document, dict) else None
     if not isinstance(ranks, list):
@@ -127,7 +128,8 @@ def node_liveness_from_json(
         if sample.local_rank < procs:
             samples[sample.local_rank] = sample
     return NodeLiveness(node_index=node_index, pod_uid=pod_uid,
-                        samples=tuple(samples[r] for r in sorted(samples)), expected_ranks=procs)
+                        samples=tuple(samples[r] for r in sorted(samples)), expected_ranks=procs,
+                        finished=document.get("finished") is True)
 
 
 def readable(pod: PodView) -> bool:

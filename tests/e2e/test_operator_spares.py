@@ -6,6 +6,7 @@ of a fault-free run.
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from e2e.test_operator_jobs import (
     apply,
     cpu_tiny,
     describe,
+    events,
     pods_by_role,
     status,
     summary,
@@ -112,6 +114,14 @@ def test_a_warm_spare_takes_over_a_lost_pod_and_the_others_keep_their_processes(
     assert final["restarts"]["rank"] == 0 and final["restarts"]["full"] == 0
     takeover = next(i for i in final["incidents"] if i["action"] == "SpareTakeover")
     assert takeover["recoveredTime"] and takeover["seconds"] > 0
+    # After the takeover the survivors' launchers wait 30 s in the exit barrier at the end, their
+    # workers gone: their pod endpoints say `finished`, which is no stale heartbeat (before
+    # that mark, `make demo` showed HeartbeatStale and Pending there, 2026-12-03).
+    recovered = datetime.fromisoformat(takeover["recoveredTime"])
+    late_stale = [e["message"] for e in events(cluster, ns, "HeartbeatStale")
+                  if datetime.fromisoformat(e.get("lastTimestamp") or e["eventTime"])
+                  > recovered]
+    assert late_stale == [], late_stale
     done = summary(cluster, ns, f"{name}-0")
     assert done["restarts"]["inprocess"] == 1 and done["restarts"]["launcher"] == 0
 

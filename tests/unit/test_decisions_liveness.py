@@ -434,3 +434,72 @@ def test_each_answering_pod_is_due_for_a_read_when_its_heartbeat_verdict_would_c
                         liveness=answering())
     assert silent_start.decision.recheck == {0: T0 + timedelta(seconds=80),
                                              1: T0 + timedelta(seconds=80)}
+
+
+# --- the end of training: a pod whose workers all exited 0 ---------------------------------------
+
+
+def _finished(now: datetime, finished_at: datetime, indexes: tuple[int, ...] = (1,),
+              ) -> dict[int, NodeLiveness]:
+    """Every pod beats at `now` but the pods in `indexes`, whose workers all exited 0 at
+    `finished_at`: their endpoint keeps the last heartbeats and says `finished`."""
+    live = beats(now, step=80)
+    for index in indexes:
+        live[index] = replace(beats(finished_at, step=80)[index], finished=True)
+    return live
+
+
+def test_a_pod_in_its_exit_barrier_is_finished_not_stale_nor_hung() -> None:
+    # make demo, 2026-12-03: a survivor of a spare takeover waited 30 s in torchelastic's exit
+    # barrier after its workers exited 0; its heartbeats went stale and the operator posted
+    # HeartbeatStale and showed Pending. Its endpoint now says finished: the pod is done.
+    j = job()
+    done_at = T0 + timedelta(seconds=30)
+    one = running(j, now=done_at)
+    for seconds in (25, 81, 200):  # past heartbeatTimeoutSeconds, past both, long after
+        now = done_at + timedelta(seconds=seconds)
+        two = then(one, j, running_world(), now=now, liveness=_finished(now, done_at))
+        assert [r["state"] for r in two.status["ranks"]] == ["Running", "Succeeded"]
+        assert "HeartbeatStale" not in events(two) and two.decision.unresponsive == []
+        assert two.of_type(DeletePod) == [] and two.decision.recheck.keys() == {0}
+        assert two.status["state"] == "Running"
+        assert two.status["message"] == ("Training finished on 1 of 2 pods; waiting for the "
+                                         "others to exit.")
+    # The same pod without the mark is stale, then hung: the mark is what tells them apart.
+    now = done_at + timedelta(seconds=25)
+    stale = then(one, j, running_world(), now=now, liveness=_frozen(now, done_at))
+    assert stale.status["ranks"][1]["state"] == "Unresponsive"
+    assert "HeartbeatStale" in events(stale)
+
+
+def test_when_every_pod_is_in_its_exit_barrier_no_step_stall_is_declared() -> None:
+    # Both pods finished (same step, heartbeats stopped): the progress clock stops watching,
+    # however long the barrier lasts; the job succeeds once the pods exit 0.
+    j = job()
+    done_at = T0 + timedelta(seconds=30)
+    one = running(j, now=done_at)
+    now = done_at + timedelta(seconds=20 + 60 + 400)
+    two = then(one, j, running_world(), now=now, liveness=_finished(now, done_at, (0, 1)))
+    assert two.of_type(DeletePod) == [] and not two.status["incidents"]
+    assert [r["state"] for r in two.status["ranks"]] == ["Succeeded", "Succeeded"]
+    assert two.status["message"].startswith("Training finished on 2 of 2 pods")
+    # nvrx-control closed the rendezvous after the first launcher finished: no RendezvousLost.
+    closed = world(trainer(0), trainer(1), rdzv=rendezvous("Succeeded", exit_code=0))
+    three = then(two, j, closed, now=now, liveness=_finished(now, done_at, (0, 1)))
+    assert "FullRestart" not in events(three) and not three.of_type(DeletePod)
+    done = world(trainer(0, "Succeeded", exit_code=0), trainer(1, "Succeeded", exit_code=0),
+                 rdzv=rendezvous("Succeeded", exit_code=0))
+    assert then(three, j, done, now=now + timedelta(seconds=5)).status["state"] == "Succeeded"
+
+
+def test_a_finished_mark_from_the_pods_previous_attempt_counts_for_nothing() -> None:
+    # The mark belongs to the pod that served it: a replacement (another uid) is judged on its
+    # own heartbeats.
+    j = job()
+    done_at = T0 + timedelta(seconds=30)
+    one = running(j, now=done_at)
+    now = done_at + timedelta(seconds=25)
+    live = _finished(now, done_at)
+    live[1] = replace(live[1], pod_uid="uid-1-0-old")
+    two = then(one, j, running_world(), now=now, liveness=live)
+    assert two.status["ranks"][1]["state"] != "Succeeded"

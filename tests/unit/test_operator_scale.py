@@ -53,6 +53,21 @@ def test_a_rank_that_stops_answering_keeps_its_last_heartbeat_one_never_seen_is_
     assert not node.complete and node.samples[0].heartbeat == 100.0
 
 
+def test_a_pod_whose_workers_all_exited_0_says_it_finished_and_the_operator_reads_it() -> None:
+    pages: dict[str, str] = {"http://h:9400/metrics": _page(0, 0, heartbeat_timestamp=100.0)}
+    ranks = PodRanks(host="h", metrics_port=9400, procs=1, fetch=pages.get)
+    first = ranks.read()
+    assert "finished" not in first
+    assert not node_liveness_from_json(json.dumps(first), node_index=0, pod_uid="u",
+                                       procs=1).finished
+    pages.clear()  # the workers exited 0; the launcher waits in its exit barrier
+    ranks.mark_finished()
+    document = ranks.read()
+    assert document["finished"] is True and document["ranks"][0]["answered"] is False
+    node = node_liveness_from_json(json.dumps(document), node_index=0, pod_uid="u", procs=1)
+    assert node.finished and node.samples[0].heartbeat == 100.0
+
+
 @pytest.mark.parametrize("text", ["[]", '{"ranks": 3}', '{"ranks": [{"localRank": -1}]}',
                                   "not json"])
 def test_a_pod_document_of_another_shape_is_refused(text: str) -> None:

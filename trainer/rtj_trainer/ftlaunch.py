@@ -63,7 +63,10 @@ RTJ_METRICS_HOST:(RTJ_METRICS_PORT - 1): every local rank's heartbeat, step and 
 small JSON document (rtj_trainer.podmetrics), so the operator reads one endpoint per pod, not
 one per rank. On the same port it takes the operator's verdicts on lost peer pods (`POST
 /lost-pods`) and keeps them in a pod-local file (RTJ_LOST_PODS_FILE, exported to its workers),
-from which the workers tell NVRx's in-process wrapper at once (rtj_trainer.podloss).
+from which the workers tell NVRx's in-process wrapper at once (rtj_trainer.podloss). When every
+local worker exited 0 the shim marks the pod finished there (`"finished": true`), before the
+launcher enters the exit barrier: its ranks' heartbeats stop because training is done, and the
+operator must not take the barrier's wait for a hang.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -319,8 +322,10 @@ def ask_workers_to_stop(pcontext: Any, timeout: float) -> float:
     return max(0.0, timeout - (time.monotonic() - began))
 
 
-def install(options: ShimOptions) -> None:
-    """Patch ft_launcher's agent in this process (before `launcher.main()` runs)."""
+def install(options: ShimOptions, on_finished: Callable[[], None] | None = None) -> None:
+    """Patch ft_launcher's agent in this process (before `launcher.main()` runs). `on_finished`
+    is called once the local worker group succeeded (every worker exited 0), before the exit
+    barrier."""
     from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -376,6 +381,8 @@ def install(options: ShimOptions) -> None:
                 return RunResult(state=WorkerState.HEALTHY)
         self._rtj_peer_stop_since = None
         result = original_monitor(self, worker_group)
+        if result.state == WorkerState.SUCCEEDED and on_finished is not None:
+            on_finished()  # the exit barrier follows: tell the operator the pod is done
         if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             return result
         codes = [getattr(f, "exitcode", None) for f in (result.failures or {}).values()]
@@ -457,9 +464,9 @@ def verdict_book(env: MutableMapping[str, str]) -> podloss.VerdictBook:
 
 def main(argv: Sequence[str] | None = None) -> int:
     options, rest = split_argv(sys.argv[1:] if argv is None else argv)
-    podmetrics.start_from_environment(os.environ, rest, verdict_book(os.environ))
+    pod = podmetrics.start_from_environment(os.environ, rest, verdict_book(os.environ))
     rest = start_warm_workers(rest)  # first: their imports overlap the launcher's own
-    install(options)
+    install(options, pod.mark_finished if pod is not None else None)
     from nvidia_resiliency_ext.fault_tolerance import launcher
 
     sys.argv = ["ft_launcher", *rest]

@@ -16,6 +16,12 @@ or is being restarted by ft_launcher) the last values it gave are kept with `"an
 so its heartbeat goes stale: the operator then has evidence (the pod answers, the rank's own
 heartbeat is old) instead of silence. A rank that never answered is not listed.
 
+Once every local worker exited 0 (the pod's training is done: its launcher then waits in
+torchelastic's exit barrier for the other launchers, up to 30 s in a job with spares) the
+launcher shim marks the pod finished (`PodRanks.mark_finished`) and the document carries
+`"finished": true`: the ranks' heartbeats stop for a good reason, and the operator counts the pod
+as done, not as a pod whose heartbeat went stale.
+
 The same endpoint takes the operator's verdicts on lost peer pods, `POST /lost-pods`
 (rtj_trainer.podloss): the shim keeps them in the file its workers poll, so the in-process
 wrapper learns of a lost pod at once instead of after its heartbeat timeout. Who may reach the
@@ -97,6 +103,12 @@ class PodRanks:
         self._last: dict[int, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(1, procs), thread_name_prefix="podranks")
+        self._finished = False
+
+    def mark_finished(self) -> None:
+        """Every local worker exited 0: the pod's training is done (see the module's text)."""
+        with self._lock:
+            self._finished = True
 
     def read(self) -> dict[str, Any]:
         """Read every local rank now; the document `GET /ranks` answers."""
@@ -113,7 +125,10 @@ class PodRanks:
                     self._last[local_rank] = record
                 elif local_rank in self._last:
                     self._last[local_rank] = {**self._last[local_rank], "answered": False}
-            return {"ranks": [self._last[r] for r in sorted(self._last)]}
+            document: dict[str, Any] = {"ranks": [self._last[r] for r in sorted(self._last)]}
+            if self._finished:
+                document["finished"] = True
+            return document
 
 
 MAX_BODY_BYTES = 65536
@@ -194,11 +209,10 @@ def procs_from_argv(argv: list[str]) -> int | None:
 
 
 def start_from_environment(env: Mapping[str, str], argv: list[str],
-                           verdicts: podloss.VerdictBook | None = None
-                           ) -> ThreadingHTTPServer | None:
+                           verdicts: podloss.VerdictBook | None = None) -> PodRanks | None:
     """Start the pod endpoint when the pod has RTJ_METRICS_HOST/RTJ_METRICS_PORT (the operator
-    sets both) and the launcher's worker count is known; None otherwise. Never fails the
-    launcher: a port in use is logged."""
+    sets both) and the launcher's worker count is known, and return what it serves; None
+    otherwise. Never fails the launcher: a port in use is logged."""
     host = env.get("RTJ_METRICS_HOST", "")
     try:
         base = int(env.get("RTJ_METRICS_PORT", "0"))
@@ -208,8 +222,10 @@ def start_from_environment(env: Mapping[str, str], argv: list[str],
     port = pod_port(base)
     if not host or not port or not procs:
         return None
+    ranks = PodRanks(host=host, metrics_port=base, procs=procs)
     try:
-        return serve(PodRanks(host=host, metrics_port=base, procs=procs), host, port, verdicts)
+        serve(ranks, host, port, verdicts)
+        return ranks
     except OSError as error:
         log.error("cannot serve the pod endpoint on %s:%s: %s", host, port, error)
         return None

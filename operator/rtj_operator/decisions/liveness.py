@@ -27,6 +27,9 @@ A hang is declared only on evidence (`silence`, `_liveness_faults`):
   answering pods' workers wait for it in the collective). Then only the silent pods are blamed,
   never the answering ones waiting for them; while such a silence is younger than that, no
   answering pod is blamed for a stale heartbeat either.
+A pod whose launcher reports that every local worker exited 0 (`finishing`: it waits in
+torchelastic's exit barrier for the other launchers) is done training: its stopped heartbeats are
+neither stale nor a hang, and the job's step is no longer watched.
 Widespread silence (none, or fewer than half, of the job's running pods answer) is an
 observation outage, not evidence: no hang is declared for a silent pod, and after
 heartbeatTimeoutSeconds of it the job gets the `ObservationDegraded` condition
@@ -89,6 +92,23 @@ def _node_liveness(p: _Pass, index: int) -> NodeLiveness | None:
     if node is None or pod is None or node.pod_uid != pod.uid:
         return None
     return node
+
+
+def finishing(p: _Pass, index: int) -> bool:
+    """The pod runs, but its launcher reports that every local worker exited 0: its training is
+    done and the launcher waits in torchelastic's exit barrier for the others (30 s in a job
+    with spares). Its heartbeats stopped for that reason: it is neither hung nor stale."""
+    pod = p.observed.trainer_pods.get(index)
+    node = _node_liveness(p, index)
+    return (pod is not None and pod.phase == "Running" and not pod.deleting
+            and node is not None and node.finished)
+
+
+def training_finished(p: _Pass, index: int) -> bool:
+    """The pod finished its training: it exited 0 at the end of training (not a stop), or it
+    is `finishing`."""
+    pod = p.observed.trainer_pods.get(index)
+    return pod is not None and (pod.completed_training or finishing(p, index))
 
 
 BENIGN_WAITING = frozenset({"ContainerCreating", "PodInitializing"})
@@ -246,12 +266,15 @@ def observe_ranks(p: _Pass) -> None:
             step, beat = None, None
             if pod.phase == "Running":
                 state = RankState.STANDBY
+        elif finishing(p, index):
+            state = RankState.SUCCEEDED
         p.rank(index, pod=pod.name, node=pod.node_name, attempt=pod.attempt,
                last_heartbeat_time=beat, step=step, state=state, unresponsive_since=None)
     for index in p.active():
         clock = _pod_clock(p, index)
         beat = p.ranks[index].last_heartbeat_time
-        if clock is not None and beat is not None and beat >= clock and _fresh(p, index, beat):
+        if (clock is not None and beat is not None and beat >= clock and _fresh(p, index, beat)
+                and p.ranks[index].state != RankState.SUCCEEDED):
             p.rank(index, state=RankState.RUNNING)
         pod = p.observed.trainer_pods.get(index)
         if clock is not None and pod is not None and _node_liveness(p, index) is None:
@@ -288,8 +311,8 @@ def silence(p: _Pass) -> Silence:
     stuck = False
     for index in p.active():
         clock = _pod_clock(p, index)
-        if clock is None or (starting is not None and starting != index):
-            continue
+        if clock is None or (starting is not None and starting != index) or finishing(p, index):
+            continue  # not counting, held by a starting peer, or done training
         if _node_liveness(p, index) is None:
             silent.append(index)
             continue
@@ -451,13 +474,13 @@ def following_a_peer(p: _Pass, pod: PodView) -> bool:
 
 def _closed_after_training(p: _Pass, rendezvous: PodView | None) -> bool:
     """The rendezvous pod exited 0 after a trainer pod completed its training (exit 0, not a
-    stop): a launcher whose workers finished closes the rendezvous for good and nvrx-control then
-    exits, while the other launchers may still wait in torchelastic's exit barrier (30 s when a
-    standby spare never reaches it). That is the job ending (rule 6 finishes it once they exit),
-    not a lost store."""
+    stop, or `finishing`): a launcher whose workers finished closes the rendezvous for good and
+    nvrx-control then exits, while the other launchers may still wait in torchelastic's exit
+    barrier (30 s when a standby spare never reaches it). That is the job ending (rule 6 finishes
+    it once they exit), not a lost store."""
     if rendezvous is None or rendezvous.deleting or rendezvous.phase != "Succeeded":
         return False
-    return any(pod.completed_training for pod in p.observed.trainer_pods.values())
+    return any(training_finished(p, index) for index in p.observed.trainer_pods)
 
 
 def find_faults(p: _Pass) -> list[DetectedFault]:
@@ -643,7 +666,8 @@ def _liveness_faults(p: _Pass) -> list[DetectedFault]:
     if faults:
         return faults
     clock = _clock_start(p)
-    if clock is None:
+    if clock is None or any(finishing(p, i) for i in p.active()):
+        # No job-wide step to watch: a pod is missing, or the training is ending.
         p.progress_step, p.progress_since = None, None
         return []
 

@@ -31,7 +31,7 @@ from rtj_operator.api.status import (
     SpareStatus,
 )
 from rtj_operator.decisions import stops
-from rtj_operator.decisions.liveness import degraded_observation
+from rtj_operator.decisions.liveness import degraded_observation, training_finished
 from rtj_operator.decisions.state import (
     Decision,
     DetectedFault,
@@ -127,9 +127,8 @@ def running(p: _Pass, start_time: datetime) -> Decision:
              for i in p.active()):
         state, reason = JobState.PENDING, Reason.STARTING
         message = "Waiting for every rank's heartbeat."
-    elif finished := [i for i in p.active() if (pod := p.observed.trainer_pods.get(i))
-                      is not None and pod.completed_training]:
-        # Rule 6 ends the job once the others exit too (exit barriers, the rendezvous closing).
+    elif finished := [i for i in p.active() if training_finished(p, i)]:
+        # Rule 6 ends the job once every pod exited (exit barriers, the rendezvous closing).
         state, reason = JobState.RUNNING, Reason.RUNNING
         message = (f"Training finished on {len(finished)} of {len(p.active())} pods; waiting for "
                    "the others to exit.")
