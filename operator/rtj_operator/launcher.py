@@ -20,7 +20,11 @@ test ties the two)."""
 NO_RESTART_EXIT_CODE = 93
 """ft_launcher's `--ft-no-restart-exit-code`: NVRx decided the job must not be restarted (also
 what every launcher exits with after a worker exited with a non-retryable code: ftlaunch)."""
-SPARES_EXIT_BARRIER_SECONDS = 30.0
+SPARES_EXIT_BARRIER_SECONDS = 5.0
+"""torchelastic's exit barrier in jobs with spares (`--rtj-exit-barrier-timeout`): after a takeover
+the lost launcher never arrives there. It only keeps a store-hosting launcher alive for the
+others, and our store lives in the rendezvous pod, so the survivors need not wait long (30 s
+until 2026-12-03: 25 s more at the end of every job with a takeover)."""
 
 
 def non_retryable_worker_codes(job: ResilientTrainingJob) -> list[int]:

@@ -113,7 +113,7 @@ def test_non_retryable_codes_reach_the_shim_and_spares_get_a_short_exit_barrier(
     spares = trainer_argv(job(faultTolerance={"spares": 1, "inProcessRestart": "Enabled"}),
                           OperatorSettings())
     options, rest = split_argv(spares[3:])
-    assert options.exit_barrier_timeout == 30.0
+    assert options.exit_barrier_timeout == 5.0
     assert rest[0] == "--nnodes=9"
 
 

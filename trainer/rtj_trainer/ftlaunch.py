@@ -13,7 +13,7 @@ no-restart reasons in each launcher process (they all run this shim). When no wo
 pod's termination message (rtj_trainer.termination), the shim writes one naming the worker's
 exit code, so the operator learns the worker's code, not only the launcher's 93.
 
-**A short exit barrier, for jobs with warm spares** (`--rtj-exit-barrier-timeout=30`). When every
+**A short exit barrier, for jobs with warm spares** (`--rtj-exit-barrier-timeout=5`). When every
 worker of a launcher has finished, torchelastic's agent waits in an exit barrier for every other
 launcher of the rendezvous round (`exit_barrier_timeout`, 300 s, not a command-line flag). After a
 spare took over a lost pod inside the running processes, the lost pod's launcher never arrives

@@ -17,7 +17,7 @@ so its heartbeat goes stale: the operator then has evidence (the pod answers, th
 heartbeat is old) instead of silence. A rank that never answered is not listed.
 
 Once every local worker exited 0 (the pod's training is done: its launcher then waits in
-torchelastic's exit barrier for the other launchers, up to 30 s in a job with spares) the
+torchelastic's exit barrier for the other launchers, up to 5 s in a job with spares) the
 launcher shim marks the pod finished (`PodRanks.mark_finished`) and the document carries
 `"finished": true`: the ranks' heartbeats stop for a good reason, and the operator counts the pod
 as done, not as a pod whose heartbeat went stale.

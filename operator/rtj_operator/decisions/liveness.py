@@ -96,7 +96,7 @@ def _node_liveness(p: _Pass, index: int) -> NodeLiveness | None:
 
 def finishing(p: _Pass, index: int) -> bool:
     """The pod runs, but its launcher reports that every local worker exited 0: its training is
-    done and the launcher waits in torchelastic's exit barrier for the others (30 s in a job
+    done and the launcher waits in torchelastic's exit barrier for the others (5 s in a job
     with spares). Its heartbeats stopped for that reason: it is neither hung nor stale."""
     pod = p.observed.trainer_pods.get(index)
     node = _node_liveness(p, index)
