@@ -7,7 +7,8 @@ the API server as the chart's ServiceAccount, under exactly the chart's RBAC. Ea
 its own release into its own namespace and uninstalls it afterwards.
 
 - cluster-scoped install (ClusterRoles, every namespace): examples/cpu-tiny.yaml, applied as the
-  file is, with its three injected faults, reaches Succeeded;
+  file is, with its three injected faults, runs on two nodes under ft_launcher, shows its step in
+  `kubectl get rtj` while it runs and reaches Succeeded with the trainer's last step and commit;
 - namespaced install (Roles in one namespace): a job there Succeeds; a job in another namespace
   is never touched (no finalizer, no status, no pods);
 - two replicas with leader election: a trainer pod is killed, and as soon as the leader has acted
@@ -27,7 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.test_operator_jobs import apply, cpu_tiny, pods_by_role, status, wait_for
+from e2e.test_operator_jobs import (
+    apply,
+    cpu_tiny,
+    pods_by_role,
+    printed_step,
+    status,
+    summary,
+    wait_for,
+)
 from harness.cluster import Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -135,8 +144,36 @@ def test_helm_installed_operator_runs_cpu_tiny_under_its_cluster_scoped_rbac(
     context = describe(cluster, ns, release)
     cluster.kubectl("apply", "--server-side", "-n", ns, "-f", str(EXAMPLE))
     try:
-        final = finish(cluster, ns, "cpu-tiny", lambda: context(), timeout=420)
-        assert final["step"] >= 70  # 80 steps; the last scrape may miss the final ones
+        # Two trainer pods on two p5 nodes, each running the trainer under ft_launcher.
+        trainers = wait_for("both trainer pods running", lambda: (
+            p if len(p := pods_by_role(cluster, ns, "trainer")) == 2
+            and all(x["status"].get("phase") == "Running" for x in p.values()) else None),
+            timeout=180, context=lambda: context())
+        nodes = {p["spec"]["nodeName"] for p in trainers.values()}
+        assert len(nodes) == 2 and all(n.startswith("p5-node-") for n in nodes), nodes
+        command = trainers["cpu-tiny-0"]["spec"]["containers"][0]["command"]
+        assert command[:3] == ["python", "-m", "rtj_trainer.ftlaunch"] and "--nnodes=2" in command
+        steps_seen: list[int] = []
+
+        def finished() -> bool:
+            step = printed_step(cluster, ns, "cpu-tiny")
+            if step is not None and (not steps_seen or steps_seen[-1] != step):
+                steps_seen.append(step)
+            return status(cluster, ns, "cpu-tiny").get("state") in ("Succeeded", "Failed")
+
+        wait_for("cpu-tiny to finish", finished, timeout=420, interval=2,
+                 context=lambda: context())
+        final = status(cluster, ns, "cpu-tiny")
+        assert final["state"] == "Succeeded", context()
+        # The trainer's own final step and commit (its termination message), not a stale scrape.
+        assert final["step"] == 80 and final["lastCheckpoint"]["step"] == 80, final
+        # `kubectl get rtj` shows the step while the job runs, not only at the end: a value
+        # strictly between the start and the last step, then the last step. (How many values a
+        # 2 s poll sees depends on the host's load.)
+        assert [s for s in steps_seen if 0 < s < 80] and steps_seen[-1] == 80, steps_seen
+        assert summary(cluster, ns, "cpu-tiny-0")["steps"] == 80
+        # The SIGKILL of rank 1 at step 35 was handled by ft_launcher inside the pods.
+        assert final["restarts"]["launcher"] >= 1, final["restarts"]
         actions = [i["action"] for i in final["incidents"]]
         assert "RankRestart" in actions, final["incidents"]  # the pod-killing fault at step 55
         assert not [c for c in final["conditions"]

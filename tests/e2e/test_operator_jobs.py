@@ -120,9 +120,12 @@ def summary(cluster: Cluster, ns: str, pod: str) -> dict[str, Any]:
     return {}
 
 
+@pytest.mark.long
 def test_cpu_tiny_trains_to_success_under_ft_launcher_across_two_nodes(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
+    """In the long tier: `make test` makes the same checks on examples/cpu-tiny.yaml itself, with
+    its three faults, under the helm-installed operator (test_operator_chart.py)."""
     ns, name = namespace, "cpu-tiny"
     apply(cluster, ns, cpu_tiny(name))
     context = lambda: describe(cluster, ns, name, operator)  # noqa: E731
