@@ -41,6 +41,8 @@ new job after `--minutes`, records the commit it ran at, and rewrites the file a
     python -m bench.chaos --faults-per-kind 100 --out bench/results/chaos.json  # all at once
     python -m bench.chaos --campaign bench/results/chaos-campaign.json --minutes 60  # a shard
     python -m bench.chaos --faults-per-kind 2 --out /tmp/chaos.json             # a smoke run
+    python -m bench.chaos --campaign bench/results/chaos-campaign.json \
+        --replay chaos-s0-1 --out /tmp/replay.json     # a recorded job's faults, again
 """
 
 from __future__ import annotations
@@ -140,6 +142,28 @@ def plan_faults(counts: dict[str, int], faults_per_job: int, spacing: int, seed:
                        for i, kind in enumerate(chunk))
         jobs.append(JobPlan(f"{prefix}-{number}", spacing * (len(chunk) + 1), faults))
     return jobs
+
+
+def replay_plans(campaign: dict[str, Any], names: list[str]) -> list[JobPlan]:
+    """The recorded fault plans (steps, kinds, steps of the faults, ranks) of these jobs of a
+    campaign, to run again under the name `<job>-replay`. An unknown job name is a ValueError
+    that names it."""
+    recorded = {job["job"]: job for shard in campaign.get("shards", [])
+                for job in shard.get("jobs", [])}
+    unknown = [name for name in names if name not in recorded]
+    if unknown:
+        raise ValueError(f"--replay: no job named {', '.join(unknown)} in the campaign file")
+    plans = []
+    for name in names:
+        job = recorded[name]
+        faults = tuple(PlannedFault(f["kind"], int(f["step"]), int(f["rank"]))
+                       for f in job["faults"])
+        unknown_kinds = sorted({f.kind for f in faults} - set(KINDS))
+        if unknown_kinds:
+            raise ValueError(f"--replay: job {name} has unknown fault kinds "
+                             f"{', '.join(unknown_kinds)}")
+        plans.append(JobPlan(f"{name}-replay", int(job["steps"]), faults))
+    return plans
 
 
 def still_to_run(kinds: list[str], per_kind: int, done: list[dict[str, Any]]) -> dict[str, int]:
@@ -580,8 +604,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a campaign file: run one more shard of it (the faults of each kind "
                              "still missing from --faults-per-kind), add the shard to the file "
                              "after every job, and summarise every shard together")
+    parser.add_argument("--replay", action="append", default=[], metavar="JOB",
+                        help="run this job of --campaign again with its recorded faults (the "
+                             "same steps, kinds and ranks) at today's code (repeatable); the "
+                             "results go to --out and the campaign file is left as it is")
     add_output_arguments(parser, work_dir_help="cluster run directory (default: a new temp dir)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.replay and args.campaign is None:
+        parser.error("--replay needs --campaign (the file the jobs are read from)")
+    return args
 
 
 def git_commit() -> str:
@@ -628,7 +659,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     campaign_data = read_campaign(args.campaign) if args.campaign else None
-    if campaign_data is None:
+    if args.replay:
+        assert campaign_data is not None
+        plans = replay_plans(campaign_data, args.replay)
+        campaign_data = None  # a replay writes --out, never the campaign file
+    elif campaign_data is None:
         plans = plan_campaign(kinds, args.faults_per_kind, args.faults_per_job, args.spacing,
                               args.seed)
     else:

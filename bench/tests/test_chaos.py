@@ -24,6 +24,7 @@ from bench.chaos import (
     plan_faults,
     read_campaign,
     read_commits,
+    replay_plans,
     still_to_run,
     summarise,
 )
@@ -183,3 +184,21 @@ def test_the_campaign_file_sums_its_shards_and_refuses_other_files(tmp_path: Pat
     assert passed(total)
     shards.append({"faults": [asdict(lost)], "jobs": [job]})
     assert not passed(campaign_summary(shards))
+
+
+def test_a_replay_runs_a_recorded_jobs_faults_again_and_names_unknown_jobs() -> None:
+    recorded = {"job": "chaos-s0-1", "steps": 75, "final_state": "Failed",
+                "faults": [{"kind": "node-partition", "step": 25, "rank": 1},
+                           {"kind": "hang", "step": 50, "rank": 3}]}
+    campaign = {"benchmark": "chaos-campaign",
+                "shards": [{"jobs": [{"job": "chaos-s0-0", "steps": 50, "faults": []}]},
+                           {"jobs": [recorded]}]}
+    (plan,) = replay_plans(campaign, ["chaos-s0-1"])
+    assert plan == JobPlan("chaos-s0-1-replay", 75, (PlannedFault("node-partition", 25, 1),
+                                                     PlannedFault("hang", 50, 3)))
+    assert plan.trainer_faults() == "50:3:hang"
+    with pytest.raises(ValueError, match=r"--replay: no job named chaos-s9-9 "):
+        replay_plans(campaign, ["chaos-s0-1", "chaos-s9-9"])
+    recorded["faults"] = [{"kind": "meteor", "step": 25, "rank": 0}]
+    with pytest.raises(ValueError, match=r"job chaos-s0-1 has unknown fault kinds meteor"):
+        replay_plans(campaign, ["chaos-s0-1"])
