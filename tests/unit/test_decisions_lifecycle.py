@@ -316,3 +316,84 @@ def test_the_network_policy_is_created_with_the_headless_service_unless_switched
                         liveness={}, now=T0, memory=d.Memory(), settings=off)
     assert not [a for a in decision.of_type(CreateObject) if a.kind == "NetworkPolicy"]
     assert "NetworkPolicy/tiny" not in created(decide(job(), world()))  # services exist
+
+
+# --- a pod lost after training finished on every rank ---------------------------------------------
+
+
+def _finishing(now: datetime, index: int = 0) -> dict[int, Any]:
+    """Pod `index`'s launcher reports every local worker exited 0 (it waits in the exit
+    barrier); the other pod still beats."""
+    live = beats(now, step=60)
+    live[index] = replace(live[index], finished=True)
+    return live
+
+
+def test_a_pod_killed_after_training_finished_ends_the_job_succeeded_not_replaced() -> None:
+    # The long e2e drill on a fast machine, 2026-12-04: pod 1 was SIGKILLed while pod 0 waited
+    # in torchelastic's exit barrier with training done on every rank (final checkpoint
+    # committed). The operator replaced pod 1; the replacement waited for a launcher round that
+    # nobody else would join, missed its heartbeats, was replaced again, and so on: a job that
+    # never ended. Training is done: nothing is lost, the job Succeeded.
+    j = job()
+    at_end = T0 + timedelta(seconds=55)
+    one = then(running(j), j, running_world(), now=at_end,
+               liveness=beats(at_end, step=60, committed=60))
+    now = T0 + timedelta(seconds=60)
+    killed = world(trainer(0), trainer(1, "Failed", exit_code=137), rdzv=rendezvous())
+    two = then(one, j, killed, now=now, liveness=_finishing(now))
+    assert two.status["state"] == "Succeeded", two.status
+    assert two.status["reason"] == Reason.COMPLETED
+    assert "pod tiny-1 failed (exit code 137)" in two.status["message"]
+    assert created(two) == [] and "RankRestart" not in events(two)
+    # The survivor would wait up to 300 s in the exit barrier for pod 1: it is stopped.
+    assert sorted(deleted(two)) == ["tiny-0", "tiny-rdzv"]
+    assert [r["state"] for r in two.status["ranks"]] == ["Succeeded", "Succeeded"]
+    assert two.status["restarts"]["rank"] == 0 and two.status["restarts"]["full"] == 0
+    assert two.status["step"] == 60 and two.status["lastCheckpoint"]["step"] == 60
+
+
+def test_a_replacement_that_never_joined_the_finished_run_ends_the_job_succeeded() -> None:
+    # The same, when the operator saw the kill before the survivor's mark and replaced pod 1:
+    # the replacement waits for a launcher round that never comes.
+    j = job()
+    one = running(j)
+    now = T0 + timedelta(seconds=60)
+    replaced = then(one, j, world(trainer(0), trainer(1, "Failed", exit_code=137),
+                                  rdzv=rendezvous()), now=now, liveness=beats(now, step=60))
+    assert "RankRestart" in events(replaced)
+    later = now + timedelta(seconds=5)
+    waiting = world(trainer(0), trainer(1, attempt=1, started=now), rdzv=rendezvous())
+    three = then(replaced, j, waiting, now=later, liveness=_finishing(later))
+    assert three.status["state"] == "Succeeded", three.status
+    assert "never joined the finished run" in three.status["message"]
+    assert sorted(deleted(three)) == ["tiny-0", "tiny-1", "tiny-rdzv"]
+
+
+def test_a_lost_rendezvous_pod_after_training_finished_is_no_full_restart() -> None:
+    j = job()
+    one = running(j)
+    now = T0 + timedelta(seconds=60)
+    killed = world(trainer(0), trainer(1), rdzv=rendezvous("Failed", exit_code=137))
+    two = then(one, j, killed, now=now, liveness=_finishing(now))
+    assert "FullRestart" not in events(two) and two.of_type(DeletePod) == []
+    assert two.status["state"] == "Running"
+    done = world(trainer(0, "Succeeded", exit_code=0), trainer(1, "Succeeded", exit_code=0),
+                 rdzv=rendezvous("Failed", exit_code=137))
+    three = then(two, j, done, now=now + timedelta(seconds=5))
+    assert three.status["state"] == "Succeeded" and three.status["restarts"]["full"] == 0
+
+
+def test_a_trainer_that_said_succeeded_next_to_a_failed_pod_is_a_success() -> None:
+    # The trainer writes `Succeeded` only past its end-of-training barrier: every rank had
+    # committed its final checkpoint, so pod 1's failure on its way out lost nothing. Without
+    # that message (a trainer of another kind), the same pods stay a PartialCompletion.
+    j = job()
+    one = running(j)
+    said = TrainerOutcome(outcome="Succeeded", step=60, committed_step=60)
+    mixed = world(trainer(0, "Succeeded", exit_code=0, outcome=said),
+                  trainer(1, "Failed", exit_code=1), rdzv=rendezvous())
+    two = then(one, j, mixed, now=T0 + timedelta(seconds=90))
+    assert two.status["state"] == "Succeeded", two.status
+    assert two.status["step"] == 60 and two.status["lastCheckpoint"]["step"] == 60
+    assert "pod tiny-1 failed (exit code 1)" in two.status["message"]

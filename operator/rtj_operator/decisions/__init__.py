@@ -22,7 +22,10 @@ The rules, in the order a pass applies them:
 5. A trainer pod that exited with 93 (NVRx "do not restart") or a code of
    `faultTolerance.nonRetryableExitCodes` -> Failed (NonRetryableExitCode).
 6. Every trainer pod exited 0 -> Succeeded (the rendezvous pod is deleted). Once one pod has
-   succeeded no pod is restarted: the training loop has ended everywhere.
+   succeeded no pod is restarted: the training loop has ended everywhere. Once training is done
+   on every rank (a trainer's `Succeeded` termination message, or a pod's `"finished"` mark),
+   a pod that fails, vanishes or is lost afterwards ends the job Succeeded too, the pods still
+   running deleted: it lost nothing, and no fault is looked for any more.
 7. Faults: a trainer pod that failed, vanished or was deleted by someone else; a pod on a lost
    node (NotReady/unreachable) whose heartbeats stopped (`NodeLost`: force-deleted); a pod still
    Pending `podStartTimeoutSeconds` after its creation (`PodStartTimeout`; why it does not start

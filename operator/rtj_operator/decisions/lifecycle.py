@@ -21,7 +21,11 @@ from rtj_operator.api.status import (
     StopReason,
 )
 from rtj_operator.decisions import recovery, status, stops
-from rtj_operator.decisions.liveness import following_a_peer
+from rtj_operator.decisions.liveness import (
+    following_a_peer,
+    training_done,
+    training_finished,
+)
 from rtj_operator.decisions.state import Decision, _Pass, from_unix, whole_second
 from rtj_operator.intents import DeleteJob, DeletePod, SetClaimOwner
 from rtj_operator.launcher import NO_RESTART_EXIT_CODE, TRAINER_FATAL_EXIT_CODE
@@ -198,33 +202,34 @@ def final_progress(p: _Pass, written: ResilientTrainingJobStatus) -> ResilientTr
 
 
 def completion(p: _Pass, start_time: datetime) -> Decision | None:
-    """Succeeded when every trainer pod exited 0; no restarts once one has."""
+    """Succeeded when every trainer pod exited 0, or when training is done on every rank
+    (`training_done`) and the pods that have not finished never will (`_left_behind`); no
+    restarts once one pod has finished."""
     pods = p.observed.trainer_pods
     # A trainer that was asked to stop and checkpointed first also exits 0: not a success.
     succeeded = [i for i, pod in pods.items() if pod.completed_training]
-    if not succeeded:
+    done = training_done(p)
+    if not succeeded and not done:
         return None
     # A replacement still waiting for a launcher round never ran a worker: it cannot finish.
     needed = [i for i in range(p.pods) if i not in p.waiting]
     if all(i in succeeded for i in needed):
-        for index, pod in pods.items():
-            if index in p.waiting:
-                p.delete_pod(pod, "training finished (it was waiting as a spare)")
-                continue
-            p.rank(index, pod=pod.name, node=pod.node_name, attempt=pod.attempt,
-                   state=RankState.SUCCEEDED)
-        p.waiting.clear()
-        if p.observed.rendezvous_pod is not None:
-            p.delete_pod(p.observed.rendezvous_pod, "training finished")
-        p.event("Normal", Reason.COMPLETED, "Succeeded: every trainer pod exited 0")
-        status.recover_incidents(p)
-        written = status.build(
-            p, state=JobState.SUCCEEDED, reason=Reason.COMPLETED,
-            message="Every trainer pod exited 0.",
-            conditions={ConditionType.SUCCEEDED: True, ConditionType.READY: True},
-            start_time=start_time, ready_nodes=p.spec.nodes, completion_time=p.now,
+        return _succeed(p, start_time, "Every trainer pod exited 0.",
+                        "Succeeded: every trainer pod exited 0")
+    if done:
+        behind = [why for i in needed if (why := _left_behind(p, i)) is not None]
+        if not behind:
+            return None  # the others are on their way out (torchelastic's exit barrier)
+        # The survivors would wait in the exit barrier (up to 300 s) for a pod that never
+        # comes, and a replacement would wait for a launcher round nobody else joins.
+        lost = "; ".join(behind)
+        return _succeed(
+            p, start_time,
+            f"Training finished on every rank, its final checkpoint committed; then {lost}.",
+            f"Succeeded: training finished on every rank and its final checkpoint is "
+            f"committed; {lost} after that, which loses nothing",
+            stop_the_rest=True,
         )
-        return status.decision(p, final_progress(p, written))
     still_running = [pod for i, pod in pods.items() if not pod.terminated and i not in p.waiting]
     if any(i not in pods for i in needed):
         return recovery.fail(p, Reason.PARTIAL,
@@ -236,6 +241,62 @@ def completion(p: _Pass, start_time: datetime) -> Decision | None:
             f"some trainer pods succeeded but {', '.join(failed)} failed", start_time,
         )
     return None
+
+
+def _left_behind(p: _Pass, index: int) -> str | None:
+    """Why the pod of node `index` will never finish on its own although training is done on
+    every rank (None: it finished, or it is on its way out): it is gone, failed or ended
+    otherwise, is being deleted, is on a lost node, or is a replacement that has not joined
+    (it would wait for a launcher round that nobody else joins)."""
+    pod = p.observed.trainer_pods.get(index)
+    name = naming.trainer_pod_name(p.job.name, index)
+    if pod is None:
+        return f"pod {name} is gone"
+    if training_finished(p, index):
+        return None
+    if pod.uid in p.lost:
+        return f"pod {name} is on lost node {pod.node_name}"
+    if pod.phase == "Failed":
+        why = f"exit code {pod.exit_code}" if pod.exit_code is not None else (
+            pod.reason or "unknown reason")
+        return f"pod {name} failed ({why})"
+    if pod.terminated:
+        return f"pod {name} ended ({pod.phase})"
+    if pod.deleting:
+        return f"pod {name} is being deleted"
+    rank = p.prev_ranks.get(index)
+    if pod.phase == "Pending" or (rank is not None and rank.state in (
+            RankState.PENDING, RankState.STARTING, RankState.RESTARTING)):
+        return f"pod {name} is a replacement that never joined the finished run"
+    return None
+
+
+def _succeed(p: _Pass, start_time: datetime, message: str, event: str, *,
+             stop_the_rest: bool = False) -> Decision:
+    """End the job Succeeded: every needed rank `Succeeded`, waiting spares and the rendezvous
+    pod deleted (and, with `stop_the_rest`, every trainer pod still running or starting)."""
+    for index, pod in p.observed.trainer_pods.items():
+        if index in p.waiting:
+            p.delete_pod(pod, "training finished (it was waiting as a spare)")
+            continue
+        if stop_the_rest and not pod.terminated:
+            p.delete_pod(pod, "training finished on every rank")
+        p.rank(index, pod=pod.name, node=pod.node_name, attempt=pod.attempt,
+               state=RankState.SUCCEEDED)
+    for index in range(p.pods):
+        if index not in p.observed.trainer_pods and index not in p.waiting:
+            p.rank(index, state=RankState.SUCCEEDED)
+    p.waiting.clear()
+    if p.observed.rendezvous_pod is not None:
+        p.delete_pod(p.observed.rendezvous_pod, "training finished")
+    p.event("Normal", Reason.COMPLETED, event)
+    status.recover_incidents(p)
+    written = status.build(
+        p, state=JobState.SUCCEEDED, reason=Reason.COMPLETED, message=message,
+        conditions={ConditionType.SUCCEEDED: True, ConditionType.READY: True},
+        start_time=start_time, ready_nodes=p.spec.nodes, completion_time=p.now,
+    )
+    return status.decision(p, final_progress(p, written))
 
 
 # --- rule 8: create -----------------------------------------------------------------------------

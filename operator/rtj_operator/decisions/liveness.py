@@ -111,6 +111,20 @@ def training_finished(p: _Pass, index: int) -> bool:
     return pod is not None and (pod.completed_training or finishing(p, index))
 
 
+def training_done(p: _Pass) -> bool:
+    """Every rank of the job finished its training and committed its final checkpoint: a trainer
+    pod said `Succeeded` in its termination message, or its launcher reports that every local
+    worker exited 0 (`finishing`). The trainer gets there only past its end-of-training barrier,
+    which every rank passes once every final checkpoint is committed (rtj_trainer.trainer
+    `finish`). From then on a pod that fails, vanishes or is lost has lost nothing: there is no
+    fault to recover, only a job to finish (lifecycle.completion)."""
+    return any(
+        (pod.completed_training and pod.outcome is not None and pod.outcome.outcome == "Succeeded")
+        or finishing(p, index)
+        for index, pod in p.observed.trainer_pods.items()
+    )
+
+
 BENIGN_WAITING = frozenset({"ContainerCreating", "PodInitializing"})
 """Reasons a container waits that are a normal part of starting (not shown at once)."""
 
@@ -484,6 +498,10 @@ def _closed_after_training(p: _Pass, rendezvous: PodView | None) -> bool:
 
 
 def find_faults(p: _Pass) -> list[DetectedFault]:
+    if training_done(p):
+        # Nothing is left to recover: a pod lost now is finished by rule 6 (completion), and
+        # a lost rendezvous only ends the exit barrier early.
+        return []
     faults: list[DetectedFault] = []
     pods = p.observed.trainer_pods
     refused_before = any(c.type == ConditionType.ADMISSION_REFUSED and c.status == "True"
