@@ -478,6 +478,12 @@ def test_sigterm_commits_the_current_step_and_the_next_run_resumes_from_it(
     summary = _summary(out)
     assert summary["restarts"] == {"inprocess": 0, "launcher": 0, "pod": 0}  # a resume
     assert json.loads(message_file.read_text())["outcome"] == "Succeeded"
+    # Once more: it resumes at the last step and runs none, and still reports the final loss
+    # (the checkpoint keeps it; before 2026-12-04 such a run said NaN).
+    again = _run(tmp_path, extra_env=env)
+    assert f"resumed from step-{STEPS:09d}" in again, again[-3000:]
+    assert _summary(again)["attempt_steps"] == 0
+    assert _summary(again)["final_loss"] == summary["final_loss"] == fault_free[STEPS]
 
 
 WARM_WORKERS = {"RTJ_WARM_WORKERS": "1"}

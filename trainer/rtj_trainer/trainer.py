@@ -49,6 +49,9 @@ PRODUCTIVE_SECONDS = "productive_seconds"
 """Wall seconds of the steps up to this checkpoint (the productive-seconds counter resumes here)."""
 STEP_COMPLETED_AT = "step_completed_at"
 """When the step first completed (a resume counts the seconds since then as lost)."""
+LOSS = "loss"
+"""The loss of the last completed step (the summary's `final_loss` of an attempt that resumes at
+the last step and runs none)."""
 NEXT_STEP = "next_step"
 FINGERPRINT = "fingerprint"
 LOSSES_FILE = "losses.jsonl"
@@ -212,6 +215,7 @@ class Trainer:
             MONITOR: self.session.monitor_state(),
             PRODUCTIVE_SECONDS: self.productive_seconds,
             STEP_COMPLETED_AT: completed_at,
+            LOSS: self.loss,
         })
         return state
 
@@ -250,6 +254,7 @@ class Trainer:
         self.session.load_monitor_state(state[MONITOR])
         self.current_step = int(state[STEP])
         self.productive_seconds = float(state[PRODUCTIVE_SECONDS])
+        self.loss = float(state.get(LOSS, float("nan")))  # checkpoints before 2026-12-04: none
 
     # -- the attempt ------------------------------------------------------------------------
 
