@@ -61,6 +61,14 @@ def fault_free_loss(cluster: Cluster, ns: str, operator: OperatorProcess,
     return _REFERENCE_LOSS[steps]
 
 
+def paced(manifest: dict[str, Any]) -> dict[str, Any]:
+    """At least 0.5 s a step (rtj_trainer's `train.min_step_seconds`; the losses do not change):
+    a fault injected after the commit of step 20 hits training, not its end, on a fast host too
+    (2026-12-04: unpaced, 60 steps took 11 s and a kill at "step 20" came after the last step)."""
+    manifest["spec"]["args"] += ["--set", "train.min_step_seconds=0.5"]
+    return manifest
+
+
 def finish(cluster: Cluster, ns: str, name: str, operator: OperatorProcess,
            timeout: float = 300) -> dict[str, Any]:
     wait_for(f"job {name} to finish", lambda: status(cluster, ns, name).get("state")
@@ -123,7 +131,7 @@ def test_an_operator_killed_mid_recovery_completes_it_once(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
     ns, name = namespace, "orphan"
-    apply(cluster, ns, cpu_tiny(name, steps=STEPS, faults=None))
+    apply(cluster, ns, paced(cpu_tiny(name, steps=STEPS, faults=None)))
     committed(cluster, ns, name, operator, 20)
     victim = f"/api/v1/namespaces/{ns}/pods/{name}-1"
     uid = cluster.api.get(victim)["metadata"]["uid"]
@@ -166,7 +174,7 @@ def test_a_lost_rendezvous_pod_restarts_the_job_from_its_last_commit(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
     ns, name = namespace, "rdzv"
-    apply(cluster, ns, cpu_tiny(name, steps=STEPS, faults=None))
+    apply(cluster, ns, paced(cpu_tiny(name, steps=STEPS, faults=None)))
     at_kill = committed(cluster, ns, name, operator, 20)["lastCheckpoint"]["step"]
     trainers = {n: p["metadata"]["uid"] for n, p in pods_by_role(cluster, ns, "trainer").items()}
 

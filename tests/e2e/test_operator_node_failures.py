@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 from e2e.test_operator_jobs import (
     apply,
     cpu_tiny,
@@ -246,8 +247,11 @@ def test_a_pod_that_never_starts_is_shown_then_replaced_after_the_start_deadline
         assert stuck["reason"] in ("ErrImagePull", "ImagePullBackOff"), stuck
         assert f"pod {name}-1" in stuck["message"] and "failed to pull image" in (
             stuck["message"]), stuck
-        shown = cluster.kubectl("get", "rtj", name, "-n", ns, "-o", "yaml").stdout
-        assert "type: PodsNotStarting" in shown and "failed to pull image" in shown
+        # What a user sees with kubectl (parsed: kubectl folds long strings at any space).
+        shown = yaml.safe_load(cluster.kubectl("get", "rtj", name, "-n", ns, "-o",
+                                               "yaml").stdout)
+        seen = next(c for c in shown["status"]["conditions"] if c["type"] == "PodsNotStarting")
+        assert "failed to pull image" in seen["message"], seen
         pending = pod_or_none(cluster, ns, f"{name}-1")
         assert pending is not None and pending["spec"]["nodeName"] == refusing, pending
         assert pending["status"]["phase"] == "Pending"
