@@ -6,6 +6,7 @@ tests of a session).
 
 - four worker deaths in a row, more than `launcherMaxRestarts`, stay inside the pods (review C4);
 - the operator SIGKILLed in the middle of a recovery: the recovery completes, counted once;
+- a pod lost after training finished on every rank: the job Succeeded, nothing replaced;
 - the rendezvous pod lost: a full restart from the last commit;
 - a stalled step is flagged although the operator restarts more often than the progress timeout
   (review C8);
@@ -165,6 +166,46 @@ def test_an_operator_killed_mid_recovery_completes_it_once(
     assert not final["restartRecords"].get("full"), context
     rank1 = next(r for r in final["ranks"] if r["nodeIndex"] == 1)
     assert rank1["attempt"] == 1, context
+    assert summary(cluster, ns, f"{name}-0")["final_loss"] == fault_free_loss(
+        cluster, ns, operator)
+
+
+@pytest.mark.long
+def test_a_pod_lost_after_training_finished_ends_the_job_succeeded_without_a_replacement(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """Found by the operator-kill drill on a fast host (2026-12-04): pod 1 was killed while pod
+    0 waited in torchelastic's exit barrier, training done on every rank and the final
+    checkpoint committed. The operator replaced pod 1; the replacement waited for a launcher
+    round nobody else would join, missed its heartbeats, and was replaced again and again: the
+    job never ended. Here rank 2 (pod 1) stalls 60 s on its way out, after the final commit, so
+    pod 0 reports `finished` while pod 1 still runs; then pod 1 is killed. (In-process restart
+    off: its completion barrier would hold pod 0's workers until rank 2 is out.)"""
+    ns, name = namespace, "lastpod"
+    manifest = cpu_tiny(name, steps=STEPS, faults=f"{STEPS + 1}:2:stall=60")
+    manifest["spec"]["faultTolerance"]["inProcessRestart"] = "Disabled"
+    apply(cluster, ns, manifest)
+    context = lambda: describe(cluster, ns, name, operator)  # noqa: E731
+
+    def pod0_finished() -> bool:
+        ranks = status(cluster, ns, name).get("ranks", [])
+        return any(r["nodeIndex"] == 0 and r["state"] == "Succeeded" for r in ranks)
+
+    wait_for("pod 0 to report that its training finished", pod0_finished, timeout=240,
+             interval=0.5, context=context)
+    victim = cluster.api.get(f"/api/v1/namespaces/{ns}/pods/{name}-1")
+    assert victim["status"]["phase"] == "Running", context()
+    cluster.nodes.kill_pod(ns, f"{name}-1")  # SIGKILL every process of pod 1
+
+    final = finish(cluster, ns, name, operator, timeout=60)
+    text = context()
+    assert final["state"] == "Succeeded", text
+    assert f"pod {name}-1 failed (exit code 137)" in final["message"], text
+    assert final["step"] == STEPS and final["lastCheckpoint"]["step"] == STEPS, text
+    assert operator_incidents(final) == [], text
+    assert final["restarts"]["rank"] == 0 and final["restarts"]["full"] == 0, text
+    after = cluster.api.get_or_none(f"/api/v1/namespaces/{ns}/pods/{name}-1")
+    assert after is None or after["metadata"]["uid"] == victim["metadata"]["uid"], text
     assert summary(cluster, ns, f"{name}-0")["final_loss"] == fault_free_loss(
         cluster, ns, operator)
 
