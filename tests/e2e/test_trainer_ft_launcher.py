@@ -235,7 +235,15 @@ def test_a_slow_first_step_is_not_taken_for_a_hang_but_a_slow_later_step_is(
         # Attempt 0 was restarted in its slow first step, before it logged one.
         assert _summary(out)["restarts"] == {"inprocess": 2, "launcher": 0, "pod": 0}
         assert [iteration for iteration, _ in ended] == ["0", "1"], ended
-    assert [e["step"] for e in losses] == list(range(1, STEPS + 1)), _resumes(out)
+    # Every step once, but for one open race (see the blocked-rank test below, now `long`): on a
+    # fast host the restart can land after step 12's optimizer update began, the state after
+    # step 11 is not kept, and the next attempt recomputes step 11 from the save of step 10
+    # (4 of 6 runs of that test on 2026-12-04, on the code before and after that day's changes).
+    steps = [e["step"] for e in losses]
+    assert sorted(set(steps)) == list(range(1, STEPS + 1)), _resumes(out)
+    assert steps == list(range(1, STEPS + 1)) or (
+        steps == [*range(1, 12), *range(11, STEPS + 1)]
+        and "the training state after step 11 is not kept" in out), _resumes(out)
 
 
 def _resumes(out: str) -> list[str]:
@@ -258,7 +266,8 @@ def test_a_rank_blocked_past_twice_the_soft_timeout_still_resumes_from_the_state
     there; that is a race of a few milliseconds, which this test does not force: the old code
     passed it on a quiet machine. The unit tests check the finalize-step offer itself.)
 
-    In the `long` tier since 2026-12-04: on a faster 2-core host it failed 4 of 14 runs with
+    In the `long` tier since 2026-12-04: on a faster 2-core host it failed 4 of 14 runs (and 4 of
+    6 with the trainer before that day's changes) with
     "the training state after step 11 is not kept (no step done, or the optimizer was
     updating)", the attempt resuming from the save of step 10 instead (correct, one step
     computed twice). Open: why the restart lands after step 12's optimizer update began."""
