@@ -22,6 +22,7 @@ from rtj_operator.api.status import (
 )
 from rtj_operator.decisions import recovery, status, stops
 from rtj_operator.decisions.liveness import (
+    failure_reason,
     following_a_peer,
     training_done,
     training_finished,
@@ -257,9 +258,7 @@ def _left_behind(p: _Pass, index: int) -> str | None:
     if pod.uid in p.lost:
         return f"pod {name} is on lost node {pod.node_name}"
     if pod.phase == "Failed":
-        why = f"exit code {pod.exit_code}" if pod.exit_code is not None else (
-            pod.reason or "unknown reason")
-        return f"pod {name} failed ({why})"
+        return f"pod {name} failed ({failure_reason(pod)})"
     if pod.terminated:
         return f"pod {name} ended ({pod.phase})"
     if pod.deleting:

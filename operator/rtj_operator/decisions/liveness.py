@@ -125,6 +125,12 @@ def training_done(p: _Pass) -> bool:
     )
 
 
+def failure_reason(pod: PodView) -> str:
+    """How a failed pod's failure is named in messages: its exit code, else the kubelet's reason."""
+    return f"exit code {pod.exit_code}" if pod.exit_code is not None else (
+        pod.reason or "unknown reason")
+
+
 BENIGN_WAITING = frozenset({"ContainerCreating", "PodInitializing"})
 """Reasons a container waits that are a normal part of starting (not shown at once)."""
 
@@ -540,10 +546,8 @@ def find_faults(p: _Pass) -> list[DetectedFault]:
                                             f"pod {pod.name} was deleted by someone else"))
             continue
         if pod.phase == "Failed" and not following_a_peer(p, pod):
-            why = f"exit code {pod.exit_code}" if pod.exit_code is not None else (
-                pod.reason or "unknown reason")
             faults.append(DetectedFault(IncidentCause.POD_FAILED, index, pod.finished_at or p.now,
-                                f"pod {pod.name} failed ({why})"))
+                                f"pod {pod.name} failed ({failure_reason(pod)})"))
     rendezvous = p.observed.rendezvous_pod
     live_trainers = [pod for pod in pods.values() if not pod.deleting]
     lost = rendezvous is not None and rendezvous.uid in p.lost
