@@ -12,7 +12,7 @@ loop:
 - a simulated kubelet: it watches the jobs' pods, binds each new pod to a free simulated Node,
   marks it Running with its own 127.x address, and finishes a deletion at once (grace 0);
 - simulated ranks: every Running trainer pod serves the pod liveness endpoint the operator reads
-  (`GET /ranks` on RTJ_METRICS_PORT - 1, rtj_trainer.podmetrics's JSON), reporting its
+  (`GET /ranks` on RTJ_METRICS_PORT - 1, rtj_trainer.launcher.podmetrics's JSON), reporting its
   `procs-per-node` ranks with a heartbeat every second and a step that advances.
 
 Jobs are created `--stagger-seconds` apart (a hundred jobs at once time a loaded apiserver

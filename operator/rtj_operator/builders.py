@@ -235,11 +235,11 @@ def trainer_env(
 
 
 def warm_workers(setting: str, plan: PodPlan) -> bool:
-    """Whether the launcher starts its workers from pre-imported processes (rtj_trainer.warmpool,
-    `faultTolerance.warmWorkers`). `Auto` turns them on with GPUs: on one H200 a SIGKILLed rank
-    was training again 9.5-11.7 s after the fault instead of 20 s, and a cold start took 11-12 s
-    instead of 17-18 s; on a 2-core CPU machine the imports of the refilled pool compete with
-    training (docs/benchmarks.md)."""
+    """Whether the launcher starts its workers from pre-imported processes
+    (rtj_trainer.launcher.warmpool, `faultTolerance.warmWorkers`). `Auto` turns them on with GPUs:
+    on one H200 a SIGKILLed rank was training again 9.5-11.7 s after the fault instead of 20 s, and
+    a cold start took 11-12 s instead of 17-18 s; on a 2-core CPU machine the imports of the
+    refilled pool compete with training (docs/benchmarks.md)."""
     if setting == "Auto":
         return plan.gpus > 0
     return setting == "Enabled"

@@ -60,7 +60,7 @@ def trainer_argv(
         # exits with a non-retryable code (the trainer's fatal 94, nonRetryableExitCodes) stops
         # every launcher's restarts, and they exit 93. With spares, its exit barrier does not
         # wait five minutes for the launcher of a pod a spare replaced.
-        "python", "-m", "rtj_trainer.ftlaunch",
+        "python", "-m", "rtj_trainer.launcher",
         f"--rtj-non-retryable-exit-codes={','.join(map(str, non_retryable_worker_codes(job)))}",
         *([f"--rtj-exit-barrier-timeout={SPARES_EXIT_BARRIER_SECONDS:g}"]
           if spec.fault_tolerance.spares else []),

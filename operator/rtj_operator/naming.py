@@ -39,7 +39,7 @@ SHM_VOLUME = "dshm"
 
 def pod_endpoint_port(base_port: int) -> int:
     """Port of a trainer pod's liveness endpoint (the launcher shim's `GET /ranks`): one below
-    the first rank's metrics port (`rtj_trainer.podmetrics.pod_port`)."""
+    the first rank's metrics port (`rtj_trainer.launcher.podmetrics.pod_port`)."""
     return base_port - 1
 
 

@@ -1,7 +1,7 @@
 """Read every running trainer pod's liveness into `RankLiveness`.
 
 One request per pod: the launcher shim serves `GET /ranks` on `<pod IP>:<RTJ_METRICS_PORT - 1>`,
-every local rank's heartbeat, step and counters as one JSON document (rtj_trainer.podmetrics,
+every local rank's heartbeat, step and counters as one JSON document (rtj_wire.ranks,
 docs/design.md). A pod whose endpoint refuses the connection (a trainer image without it) is read
 the old way, one `GET /metrics` per rank (`RTJ_METRICS_PORT + local rank`), and counts only when
 every rank answered.

@@ -152,7 +152,7 @@ def test_helm_installed_operator_runs_cpu_tiny_under_its_cluster_scoped_rbac(
         nodes = {p["spec"]["nodeName"] for p in trainers.values()}
         assert len(nodes) == 2 and all(n.startswith("p5-node-") for n in nodes), nodes
         command = trainers["cpu-tiny-0"]["spec"]["containers"][0]["command"]
-        assert command[:3] == ["python", "-m", "rtj_trainer.ftlaunch"] and "--nnodes=2" in command
+        assert command[:3] == ["python", "-m", "rtj_trainer.launcher"] and "--nnodes=2" in command
         steps_seen: list[int] = []
 
         def finished() -> bool:

@@ -139,7 +139,7 @@ def test_cpu_tiny_trains_to_success_under_ft_launcher_across_two_nodes(
     nodes = {p["spec"]["nodeName"] for p in trainers.values()}
     assert len(nodes) == 2 and all(n.startswith("p5-node-") for n in nodes)
     command = trainers["cpu-tiny-0"]["spec"]["containers"][0]["command"]
-    assert command[:3] == ["python", "-m", "rtj_trainer.ftlaunch"] and "--nnodes=2" in command
+    assert command[:3] == ["python", "-m", "rtj_trainer.launcher"] and "--nnodes=2" in command
 
     steps_seen: list[int] = []
 

@@ -79,7 +79,7 @@ def test_a_warm_spare_takes_over_a_lost_pod_and_the_others_keep_their_processes(
     trainers = pods_by_role(cluster, ns, "trainer")
     assert sorted(trainers) == [f"{name}-0", f"{name}-1", f"{name}-2"]
     command = trainers[f"{name}-0"]["spec"]["containers"][0]["command"]
-    assert command[:3] == ["python", "-m", "rtj_trainer.ftlaunch"] and "--nnodes=3" in command
+    assert command[:3] == ["python", "-m", "rtj_trainer.launcher"] and "--nnodes=3" in command
     before = {i: trainer_pids(cluster, ns, f"{name}-{i}") for i in (0, 2)}
     assert all(len(p) >= 2 for p in before.values()), before  # the workers (and their helpers)
     uid_1 = trainers[f"{name}-1"]["metadata"]["uid"]

@@ -506,7 +506,7 @@ _ATTACHED = re.compile(r"\[rtj-warm\] worker pid (\d+) runs in warm process (\d+
 
 
 def _warm_workers_left(run_dir: Path, wait_seconds: float = 5.0) -> list[int]:
-    """Warm workers (rtj_trainer.warmworker) of this run still alive `wait_seconds` after the
+    """Warm workers (rtj_trainer.warm.worker) of this run still alive `wait_seconds` after the
     launcher's exit (idle ones die with it: PR_SET_PDEATHSIG). They lead their own sessions, so
     killing the launcher's process group would not end them."""
     deadline = time.monotonic() + wait_seconds
@@ -515,7 +515,7 @@ def _warm_workers_left(run_dir: Path, wait_seconds: float = 5.0) -> list[int]:
         for process in psutil.process_iter(["pid", "cmdline", "status"]):
             try:
                 if (process.info["status"] != psutil.STATUS_ZOMBIE
-                        and "rtj_trainer.warmworker" in (process.info["cmdline"] or [])
+                        and "rtj_trainer.warm.worker" in (process.info["cmdline"] or [])
                         and process.environ().get("RTJ_RUN_DIR") == str(run_dir)):
                     left.append(process.info["pid"])
             except psutil.Error:

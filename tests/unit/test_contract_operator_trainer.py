@@ -139,9 +139,11 @@ def test_the_trainers_endpoint_takes_the_operators_announcement_of_a_lost_pod(
     from rtj_operator.decisions import podloss as announcing
     from rtj_operator.observed import PodView
     from rtj_operator.scraping import Scraper
-    from rtj_trainer import podloss, podmetrics
+    from rtj_trainer import podloss
+    from rtj_trainer.launcher import podmetrics, verdicts
+    from rtj_wire.lostpods import LostPod
 
-    book = podloss.VerdictBook(tmp_path / "lost.json", own_uid="uid-0")
+    book = verdicts.VerdictBook(tmp_path / "lost.json", own_uid="uid-0")
     ranks = podmetrics.PodRanks(host="127.0.0.1", metrics_port=1, procs=1, fetch=lambda _: None)
     server = podmetrics.serve(ranks, "127.0.0.1", 0, book)
     port = server.server_address[1]
@@ -166,14 +168,14 @@ def test_the_trainers_endpoint_takes_the_operators_announcement_of_a_lost_pod(
     finally:
         threading.Thread(target=server.shutdown).start()
         server.server_close()
-    assert podloss.read_verdicts(book.path) == [podloss.LostPod("uid-1", "llama-1", "PodFailed")]
+    assert podloss.read_verdicts(book.path) == [LostPod("uid-1", "llama-1", "PodFailed")]
 
 
 def test_the_lost_pods_file_the_shim_exports_is_what_the_worker_reads(tmp_path: Path) -> None:
-    from rtj_trainer import ftlaunch
+    from rtj_trainer.launcher import shim
 
     env = {"POD_UID": "pod-uid-1"}
-    book = ftlaunch.verdict_book(env)
+    book = shim.verdict_book(env)
     assert book.own_uid == "pod-uid-1"
     config = build_config(preset="tiny", env=env)
     assert config.resiliency.lost_pods_file == str(book.path)

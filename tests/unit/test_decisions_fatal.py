@@ -75,7 +75,7 @@ def test_the_launchers_and_the_trainers_codes_are_never_retried(code: int) -> No
 
 
 def test_a_bare_no_restart_exit_waits_for_the_peer_that_caused_it() -> None:
-    """Every launcher exits 93 after one worker's fatal error (rtj_trainer.ftlaunch); only the
+    """Every launcher exits 93 after one worker's fatal error (rtj_trainer.launcher); only the
     pod of that worker has the reason. A peer's bare 93 seen first neither fails the job as
     NonRetryableExitCode nor counts as a pod failure: the pass waits for the other pod."""
     j = job()

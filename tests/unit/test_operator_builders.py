@@ -173,7 +173,7 @@ def test_warm_workers_are_on_with_gpus_unless_the_job_says_otherwise(
 def test_trainer_command_is_ft_launcher_with_the_trainer_argv() -> None:
     pod = trainer_pod(p5_job(), node_index=0, attempt=0, settings=SETTINGS)
     command = pod["spec"]["containers"][0]["command"]
-    assert command[:4] == ["python", "-m", "rtj_trainer.ftlaunch",
+    assert command[:4] == ["python", "-m", "rtj_trainer.launcher",
                            "--rtj-non-retryable-exit-codes=94"]
     container = pod["spec"]["containers"][0]
     assert container["terminationMessagePath"] == "/dev/termination-log"

@@ -10,7 +10,7 @@ from rtj_operator import ftflags, launcher
 from rtj_operator.api.models import ResilientTrainingJob, parse_job
 from rtj_operator.config import OperatorSettings
 from rtj_operator.podplan import plan_for, term_timeout_seconds
-from rtj_trainer.ftlaunch import split_argv
+from rtj_trainer.launcher.shim import split_argv
 
 pytestmark = pytest.mark.unit
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ def test_ft_launcher_argv_for_a_p5_job() -> None:
     )
     assert argv == [
         # Through the shim: a worker's fatal exit (94) stops every launcher's restarts.
-        "python", "-m", "rtj_trainer.ftlaunch", "--rtj-non-retryable-exit-codes=94",
+        "python", "-m", "rtj_trainer.launcher", "--rtj-non-retryable-exit-codes=94",
         "--nnodes=8",
         "--nproc-per-node=8",
         "--rdzv-backend=c10d",
@@ -94,7 +94,7 @@ def test_every_ft_launcher_flag_we_pass_exists_in_nvrx_0_7() -> None:
     from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
     argv = trainer_argv(job(), OperatorSettings())
-    assert argv[:3] == ["python", "-m", "rtj_trainer.ftlaunch"]
+    assert argv[:3] == ["python", "-m", "rtj_trainer.launcher"]
     options, rest = split_argv(argv[3:])
     assert options.non_retryable == {94}
     parsed = get_args_parser().parse_args(rest)

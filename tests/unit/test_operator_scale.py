@@ -12,8 +12,8 @@ from rtj_operator import jobloop, observe, reconcile
 from rtj_operator.api.status import RankStatus, compact_ranks
 from rtj_operator.intents import CreateObject, DeletePod
 from rtj_operator.scraping import node_liveness_from_json
+from rtj_trainer.launcher.podmetrics import PodRanks, procs_from_argv, rank_record
 from rtj_trainer.metrics import Snapshot, TrainerMetrics
-from rtj_trainer.podmetrics import PodRanks, procs_from_argv, rank_record
 
 pytestmark = pytest.mark.unit
 
@@ -47,8 +47,8 @@ def test_a_rank_that_stops_answering_keeps_its_last_heartbeat_one_never_seen_is_
     ranks.read()
     pages.clear()  # rank 0's worker died; rank 1 never answered
     document = ranks.read()
-    assert document == {"ranks": [{**rank_record(_page(0, 0, heartbeat_timestamp=100.0), 0),
-                                    "answered": False}]}
+    last = rank_record(_page(0, 0, heartbeat_timestamp=100.0), 0).to_json()
+    assert document == {"ranks": [{**last, "answered": False}]}
     node = node_liveness_from_json(json.dumps(document), node_index=0, pod_uid="u", procs=2)
     assert not node.complete and node.samples[0].heartbeat == 100.0
 

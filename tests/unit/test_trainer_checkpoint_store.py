@@ -244,16 +244,17 @@ def test_a_close_cut_short_by_an_in_process_restart_is_finished_later(
     passed, wherever the main thread is: inside the attempt's close() too. What close() did not
     finish, close_interrupted() (the wrapper's finalize step, and the next attempt's start)
     finishes, once."""
+    from rtj_trainer.carry import CarryOver
     from rtj_trainer.checkpoint import checkpointer as module
     from rtj_trainer.config import CheckpointConfig
 
     class Interrupted(BaseException):  # NVRx's RankShouldRestart is raised the same way
         pass
 
-    module.close_interrupted()  # what earlier tests left open
+    carry = CarryOver()
     made = module.Checkpointer(CheckpointConfig(dir=str(tmp_path), interval_steps=0),
                                root=tmp_path, rank=0, world_size=1,
-                               device=torch.device("cpu"), identity="a0")
+                               device=torch.device("cpu"), identity="a0", carry=carry)
     committer = made._commit_worker()  # rank 0's commit thread runs
     real_stop = module.CommitWorker.stop
 
@@ -265,8 +266,8 @@ def test_a_close_cut_short_by_an_in_process_restart_is_finished_later(
     monkeypatch.setattr(module.CommitWorker, "stop", stop_then_interrupted)
     with pytest.raises(Interrupted):
         made.close(abort=True)
-    assert made._committer is committer and made in module._UNCLOSED
-    assert module.close_interrupted() == 1
-    assert made._committer is None and made not in module._UNCLOSED
-    assert module.close_interrupted() == 0
+    assert made._committer is committer and made in carry.unclosed
+    assert module.close_interrupted(carry) == 1
+    assert made._committer is None and made not in carry.unclosed
+    assert module.close_interrupted(carry) == 0
     made.close(abort=True)  # closing again is harmless

@@ -25,20 +25,21 @@ def _connected_pair() -> tuple[socket.socket, socket.socket, socket.socket]:
 
 
 def test_cut_shuts_down_the_connections_opened_since_the_snapshot_and_only_those() -> None:
+    gloo = gloocut.GlooConnections()
     old_server, old_client, old_accepted = _connected_pair()
     before = gloocut.snapshot()
     server, client, accepted = _connected_pair()
     try:
         # Both ends of the new connection are this process's (one process here; in a trainer
         # each end is another rank's); the listening socket is not a connection.
-        assert gloocut.record(before) == 2
+        assert gloo.record(before) == 2
         received: list[bytes] = []
         reader = threading.Thread(target=lambda: received.append(client.recv(10)))
         reader.start()  # blocked, as a rank in a collective whose peer never sends
-        assert gloocut.cut() == 2
+        assert gloo.cut() == 2
         reader.join(timeout=10)
         assert not reader.is_alive() and received == [b""]  # the wait ended: connection closed
-        assert gloocut.cut() == 0  # cut once; the next attempt records its own
+        assert gloo.cut() == 0  # cut once; the next attempt records its own
         # The connections that were there before the snapshot still work.
         old_client.sendall(b"ping")
         assert old_accepted.recv(4) == b"ping"
@@ -48,15 +49,16 @@ def test_cut_shuts_down_the_connections_opened_since_the_snapshot_and_only_those
 
 
 def test_excluded_ports_and_a_clean_end_are_never_cut() -> None:
+    gloo = gloocut.GlooConnections()
     before = gloocut.snapshot()
     server, client, accepted = _connected_pair()
     try:
         port = server.getsockname()[1]
-        assert gloocut.record(before, exclude_ports=frozenset({port})) == 0
-        assert gloocut.cut() == 0
-        assert gloocut.record(before) == 2
-        gloocut.forget()  # the process group was destroyed cleanly
-        assert gloocut.cut() == 0
+        assert gloo.record(before, exclude_ports=frozenset({port})) == 0
+        assert gloo.cut() == 0
+        assert gloo.record(before) == 2
+        gloo.forget()  # the process group was destroyed cleanly
+        assert gloo.cut() == 0
         client.sendall(b"ok")
         assert accepted.recv(2) == b"ok"
     finally:
@@ -68,15 +70,16 @@ def test_a_connection_accepted_by_a_server_older_than_the_snapshot_is_not_record
     """A Prometheus scrape of the rank's metrics endpoint during `init_process_group` is not a
     gloo connection: the endpoint listened before the snapshot. The scraper's end (another
     process on a cluster; this one here) is still new, and so recorded."""
+    gloo = gloocut.GlooConnections()
     metrics = socket.create_server(("127.0.0.1", 0))
     before = gloocut.snapshot()
     scraper = socket.create_connection(metrics.getsockname())
     served, _ = metrics.accept()
     try:
-        assert gloocut.record(before) == 1
-        assert gloocut._recorded == {os.fstat(scraper.fileno()).st_ino}
+        assert gloo.record(before) == 1
+        assert gloo._recorded == {os.fstat(scraper.fileno()).st_ino}
     finally:
-        gloocut.forget()
+        gloo.forget()
         for s in (metrics, scraper, served):
             s.close()
 
@@ -87,17 +90,18 @@ RANK = textwrap.dedent("""
     from rtj_trainer import gloocut
     rank, port, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=60))
+    gloo = gloocut.GlooConnections()
     before = gloocut.snapshot()
     dist.init_process_group("gloo", store=dist.PrefixStore("a", store), rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=60))
-    gloocut.record(before, exclude_ports=frozenset({port}))
+    gloo.record(before, exclude_ports=frozenset({port}))
     t = torch.ones(8)
     dist.all_reduce(t)
     if rank == 1:  # alive, but never joins the next collective (a rank whose attempt ended)
         store.wait(["rank0-left"])
     else:
         if mode == "cut":  # the restart's abort step, from another thread
-            threading.Timer(0.5, gloocut.cut).start()
+            threading.Timer(0.5, gloo.cut).start()
         try:
             dist.all_reduce(t)
             print("rank 0: completed")

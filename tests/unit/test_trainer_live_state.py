@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from rtj_trainer import checkpoint as ck
 from rtj_trainer import parallel
-from rtj_trainer.checkpoint.staging import HostStaging
+from rtj_trainer.carry import CarryOver
 from rtj_trainer.config import CheckpointConfig, LaunchEnvironment, build_config
 from rtj_trainer.data import TokenBatches
 
@@ -25,10 +25,8 @@ pytestmark = pytest.mark.unit
 @pytest.fixture
 def one_rank() -> Iterator[parallel.DistributedContext]:
     cfg = build_config(overrides=["train.device=cpu"])
-    HostStaging._kept = None  # a fresh "process": no buffer kept by another test
     ctx = parallel.init_distributed(cfg, LaunchEnvironment(), store=dist.HashStore())
     yield ctx
-    HostStaging._kept = None
     dist.destroy_process_group()
 
 
@@ -118,11 +116,12 @@ def test_a_staged_live_state_is_what_the_next_attempt_resumes_from(
     # views), closes, and the wrapper's finalize step stages what was offered, once.
     first.offer_live(3, {**parallel.live_state(views, optimizer, scheduler), "step": 3})
     first.close(abort=True)
-    assert ck.stage_offered() == 3
-    assert ck.stage_offered() is None
+    assert ck.stage_offered(first.carry) == 3
+    assert ck.stage_offered(first.carry) is None
     expected = _flat(parallel.local_state(model, optimizer, scheduler))
     loaded = ck.Checkpointer(config, root=store, rank=0, world_size=1,
-                             device=torch.device("cpu"), identity="a0-l0-i1-2").load_latest()
+                             device=torch.device("cpu"), identity="a0-l0-i1-2",
+                             carry=first.carry).load_latest()
     assert loaded is not None and loaded.source == "live" and not loaded.committed
     assert loaded.state["step"] == 3
     assert loaded.directory.name == ck.checkpoint_dir_name(3, "a0-l0-i0-1")
@@ -148,17 +147,18 @@ def test_the_registered_offer_is_made_at_the_finalize_step_when_the_attempt_made
         first.offer_live(2, {**parallel.live_state(views, optimizer, scheduler), "step": 2})
         return True
 
-    ck.expect_offer(offer)
+    ck.expect_offer(first.carry, offer)
     first.close(abort=True)
-    assert ck.stage_offered() == 2
+    assert ck.stage_offered(first.carry) == 2
     assert offers == [2]
-    assert ck.stage_offered() is None and offers == [2]  # made once
+    assert ck.stage_offered(first.carry) is None and offers == [2]  # made once
     loaded = ck.Checkpointer(config, root=store, rank=0, world_size=1,
-                             device=torch.device("cpu"), identity="a0-l0-i1-2").load_latest()
+                             device=torch.device("cpu"), identity="a0-l0-i1-2",
+                             carry=first.carry).load_latest()
     assert loaded is not None and loaded.source == "live" and loaded.state["step"] == 2
-    ck.expect_offer(offer)
-    ck.expect_offer(None)  # the attempt ended for good: nothing to resume
-    assert ck.stage_offered() is None and offers == [2]
+    ck.expect_offer(first.carry, offer)
+    ck.expect_offer(first.carry, None)  # the attempt ended for good: nothing to resume
+    assert ck.stage_offered(first.carry) is None and offers == [2]
 
 
 def test_an_offer_that_fails_at_the_finalize_step_leaves_the_restart_to_a_copy(
@@ -166,8 +166,9 @@ def test_an_offer_that_fails_at_the_finalize_step_leaves_the_restart_to_a_copy(
     def offer() -> bool:
         raise RuntimeError("no views")
 
-    ck.expect_offer(offer)
-    assert ck.stage_offered() is None
+    carry = CarryOver()
+    ck.expect_offer(carry, offer)
+    assert ck.stage_offered(carry) is None
     assert "could not offer the interrupted attempt's training state: no views" in caplog.text
 
 

@@ -19,9 +19,14 @@ import pytest
 from nvidia_resiliency_ext.inprocess.attribution import Interruption
 from nvidia_resiliency_ext.inprocess.state import Mode, State
 from nvidia_resiliency_ext.inprocess.store import PrefixStore, StoreMixin
-from rtj_trainer import podloss, podmetrics
-from rtj_trainer.podloss import LostPod, Outcome, VerdictBook, VerdictError
-from rtj_trainer.resiliency import _patch_nvrx_initial_ranks
+from rtj_trainer import podloss
+from rtj_trainer.launcher import podmetrics
+from rtj_trainer.launcher.verdicts import VerdictBook
+from rtj_trainer.nvrx import store as wrapper_store
+from rtj_trainer.nvrx.inprocess import patch_initial_ranks
+from rtj_trainer.podloss import Outcome
+from rtj_wire import lostpods
+from rtj_wire.lostpods import LostPod, VerdictError
 from torch._C._distributed_c10d import TCPStore
 
 pytestmark = pytest.mark.unit
@@ -34,7 +39,7 @@ PODS = {"uid-a": (0, 1), "uid-b": (2, 3), "uid-c": (4, 5)}
 
 
 def test_a_verdict_names_pods_by_uid() -> None:
-    pods = podloss.parse_verdict({"pods": [{"uid": "u1", "name": "job-1", "cause": "PodFailed"},
+    pods = lostpods.parse_verdict({"pods": [{"uid": "u1", "name": "job-1", "cause": "PodFailed"},
                                            {"uid": "u2"}]})
     assert pods == [LostPod("u1", "job-1", "PodFailed"), LostPod("u2", "", "")]
 
@@ -53,7 +58,7 @@ def test_a_verdict_names_pods_by_uid() -> None:
 ])
 def test_a_malformed_verdict_is_refused_naming_the_field(document: Any, field: str) -> None:
     with pytest.raises(VerdictError, match=field.replace("[", r"\[").replace("]", r"\]")):
-        podloss.parse_verdict(document)
+        lostpods.parse_verdict(document)
 
 
 def test_the_book_keeps_new_verdicts_in_the_file_and_never_one_against_its_own_pod(
@@ -75,11 +80,11 @@ def test_the_book_keeps_new_verdicts_in_the_file_and_never_one_against_its_own_p
 
 def test_the_book_keeps_the_newest_verdicts_only(tmp_path: Path) -> None:
     book = VerdictBook(tmp_path / "lost.json")
-    for n in range(podloss.MAX_PODS + 3):
+    for n in range(lostpods.MAX_PODS + 3):
         book.record([LostPod(f"u{n}", "", "")])
     kept = podloss.read_verdicts(book.path)
-    assert len(kept) == podloss.MAX_PODS
-    assert kept[0].uid == "u3" and kept[-1].uid == f"u{podloss.MAX_PODS + 2}"
+    assert len(kept) == lostpods.MAX_PODS
+    assert kept[0].uid == "u3" and kept[-1].uid == f"u{lostpods.MAX_PODS + 2}"
 
 
 # -- which ranks ------------------------------------------------------------------------------
@@ -120,7 +125,7 @@ def test_a_verdict_names_exactly_the_current_ranks_of_the_lost_pods_processes(
 @pytest.fixture
 def store() -> Iterator[Any]:
     """The wrapper's store as NVRx's ranks see it (a TCPStore with NVRx's StoreMixin API)."""
-    _patch_nvrx_initial_ranks()  # as rtj_trainer.resiliency does before building the wrapper
+    patch_initial_ranks()  # as rtj_trainer.nvrx.inprocess.run does before building the wrapper
 
     class Store(TCPStore, StoreMixin):  # type: ignore[misc]
         pass
@@ -131,7 +136,7 @@ def store() -> Iterator[Any]:
 
 
 def client(master: Any) -> Any:
-    return podloss.store_client("127.0.0.1", master.port, connect_seconds=10, op_seconds=5)
+    return wrapper_store.client("127.0.0.1", master.port, connect_seconds=10, op_seconds=5)
 
 
 def enter_iteration(base: Any, iteration: int, initial_rank_of: list[int]) -> Any:
@@ -158,13 +163,13 @@ def test_a_verdict_completes_the_iteration_barrier_for_the_lost_ranks(store: Any
     register_all(base)
     iteration = enter_iteration(base, 0, [0, 1, 2, 3, 4, 5])
     arrive(iteration, [0, 1, 4, 5], 6)  # the survivors and the spare; pod B is gone
-    assert not iteration.check([podloss.ITERATION_DONE_KEY])
+    assert not iteration.check([wrapper_store.ITERATION_DONE_KEY])
 
     outcome = podloss.terminate_lost_ranks(base, iteration=0, world_size=6, initial_world_size=6,
                                            rank=0, lost_uids=["uid-b"])
 
     assert outcome == (Outcome.MARKED, [2, 3])
-    assert iteration.check([podloss.ITERATION_DONE_KEY])  # the barrier is complete
+    assert iteration.check([wrapper_store.ITERATION_DONE_KEY])  # the barrier is complete
     assert iteration.get_terminated_ranks() == {2, 3}
     records = iteration.get_interruption_records()
     assert {(r.rank, r.interruption) for r in records} == {
@@ -230,7 +235,7 @@ def test_the_listener_registers_its_pod_and_applies_the_shims_verdict(
                    base.get(podloss.REGISTRY_KEY).decode())
         VerdictBook(path, own_uid="uid-a").record([LostPod("uid-b", "job-1", "PodFailed")])
         wait_until("the barrier to complete", lambda: iteration.check(
-            [podloss.ITERATION_DONE_KEY]))
+            [wrapper_store.ITERATION_DONE_KEY]))
         assert iteration.get_terminated_ranks() == {2, 3}
     finally:
         listener.stop()
@@ -265,7 +270,7 @@ def test_a_listener_before_the_wrapper_runs_neither_connects_nor_marks(
     try:
         listener.enter(State(rank=4, world_size=6, mode=Mode.INACTIVE).freeze())
         wait_until("the barrier to complete", lambda: iteration.check(
-            [podloss.ITERATION_DONE_KEY]))
+            [wrapper_store.ITERATION_DONE_KEY]))
         assert iteration.get_terminated_ranks() == {2, 3}
         assert podloss.parse_registry(base.get(podloss.REGISTRY_KEY).decode())[4] == "uid-c"
     finally:

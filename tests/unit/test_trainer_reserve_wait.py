@@ -1,5 +1,5 @@
 """A warm spare's ranks wait in NVRx's `reserve_fn` in short store waits
-(rtj_trainer.resiliency._patch_nvrx_reserve_wait): the restart's asynchronous exception reaches
+(rtj_trainer.nvrx.inprocess.patch_reserve_wait): the restart's asynchronous exception reaches
 a rank only between two of them, so their length is how late a spare joins a take-over."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from nvidia_resiliency_ext.inprocess import wrap
 from nvidia_resiliency_ext.inprocess.state import Mode, State
 from nvidia_resiliency_ext.inprocess.store import PrefixStore, StoreMixin
-from rtj_trainer.resiliency import RESERVE_WAIT, _patch_nvrx_reserve_wait
+from rtj_trainer.nvrx.inprocess import RESERVE_WAIT, patch_reserve_wait
 from torch._C._distributed_c10d import TCPStore
 
 pytestmark = pytest.mark.unit
@@ -37,8 +37,8 @@ def test_nvrx_still_hands_reserve_fn_the_watchdog_interval() -> None:
 
 
 def test_a_spare_waits_in_chunks_of_the_reserve_wait_not_of_the_watchdog_interval() -> None:
-    _patch_nvrx_reserve_wait(RESERVE_WAIT)
-    _patch_nvrx_reserve_wait(RESERVE_WAIT)  # idempotent
+    patch_reserve_wait(RESERVE_WAIT)
+    patch_reserve_wait(RESERVE_WAIT)  # idempotent
 
     class Store(TCPStore, StoreMixin):  # type: ignore[misc]
         pass

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from rtj_trainer.nvrx.inprocess import WrapperHandle
 from rtj_trainer.resiliency import StartupAllowance
 
 pytestmark = pytest.mark.unit
@@ -28,7 +29,7 @@ class Switch:
 
 def test_end_switches_the_timeouts_on_once() -> None:
     switch = Switch()
-    allowance = StartupAllowance(switch, seconds=30, rank=0)
+    allowance = StartupAllowance(WrapperHandle(switch), seconds=30, rank=0)
     allowance.begin()
     assert allowance.end() is True
     assert allowance.end() is False
@@ -37,7 +38,7 @@ def test_end_switches_the_timeouts_on_once() -> None:
 
 def test_the_timer_switches_them_on_when_the_start_takes_too_long() -> None:
     switch = Switch()
-    StartupAllowance(switch, seconds=0.05, rank=0).begin()
+    StartupAllowance(WrapperHandle(switch), seconds=0.05, rank=0).begin()
     deadline = time.monotonic() + 5
     while switch.calls != ["off", "on"] and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -46,7 +47,7 @@ def test_the_timer_switches_them_on_when_the_start_takes_too_long() -> None:
 
 def test_cancel_leaves_them_off_and_stops_the_timer() -> None:
     switch = Switch()
-    allowance = StartupAllowance(switch, seconds=0.05, rank=0)
+    allowance = StartupAllowance(WrapperHandle(switch), seconds=0.05, rank=0)
     allowance.begin()
     allowance.cancel()
     time.sleep(0.2)  # past the timer
@@ -56,7 +57,7 @@ def test_cancel_leaves_them_off_and_stops_the_timer() -> None:
 
 def test_no_allowance_touches_nothing() -> None:
     switch = Switch()
-    allowance = StartupAllowance(switch, seconds=0, rank=0)
+    allowance = StartupAllowance(WrapperHandle(switch), seconds=0, rank=0)
     allowance.begin()
     assert allowance.end() is False
     assert switch.calls == []

@@ -136,7 +136,7 @@ def test_the_process_wide_flag_starts_unset() -> None:
 def test_a_worker_stopped_for_a_peer_is_never_taken_for_a_non_retryable_exit() -> None:
     from types import SimpleNamespace
 
-    from rtj_trainer.ftlaunch import non_retryable_failures
+    from rtj_trainer.nvrx.launcher import non_retryable_failures
     from rtj_trainer.stop import PEER_STOPPED_EXIT_CODE
 
     failures = {0: SimpleNamespace(exitcode=PEER_STOPPED_EXIT_CODE), 1: SimpleNamespace(exitcode=7)}

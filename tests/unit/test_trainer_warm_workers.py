@@ -1,4 +1,4 @@
-"""Warm workers' pure pieces (rtj_trainer.warmwire, warmpool, attach): message framing, the
+"""Warm workers' pure pieces (rtj_trainer.warm.wire, warmpool, attach): message framing, the
 request's checks, the argv rewrite, the startup-environment check, how the client ends, and the
 client's hand-over over a real Unix socket to a listener that answers as a warm worker does."""
 
@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rtj_trainer import attach, warmpool, warmwire
+from rtj_trainer.launcher import warmpool
+from rtj_trainer.warm import attach
+from rtj_trainer.warm import wire as warmwire
 
 pytestmark = pytest.mark.unit
 
@@ -73,7 +75,7 @@ def test_the_worker_command_becomes_the_attach_client_and_nothing_else_changes()
     args, python = rewritten
     assert python == "/venv/bin/python"
     expected = list(TRAIN_LOCAL_ARGS)
-    expected[expected.index("rtj_trainer")] = "rtj_trainer.attach"
+    expected[expected.index("rtj_trainer")] = "rtj_trainer.warm.attach"
     assert args == expected
 
 
@@ -189,7 +191,7 @@ def test_a_refusal_sends_the_client_down_the_normal_path(tmp_path: Path) -> None
 
 
 def test_the_attach_client_imports_no_torch() -> None:
-    code = ("import sys, rtj_trainer.attach; "
+    code = ("import sys, rtj_trainer.warm.attach; "
             "print(sorted(m for m in ('torch', 'nvidia_resiliency_ext', 'pydantic') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

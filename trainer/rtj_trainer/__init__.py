@@ -9,5 +9,5 @@ import os as _os
 # of a pod's log (about four lines a second per rank). torch reads the variable when it is first
 # imported, hence here, before any module of the trainer imports it; every process of the
 # trainer (launcher shim, warm workers, ranks) imports this package first, so they all agree
-# (the warm pool refuses a worker whose value differs: rtj_trainer.warmwire).
+# (the warm pool refuses a worker whose value differs: rtj_trainer.warm.wire).
 _os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

@@ -4,7 +4,7 @@ Run one trainer worker (normally under `ft_launcher`, which starts one per local
 prints the summary JSON line as the last line of its output; the exit code is 0 only when the job
 reached its last step. An error that restarting cannot fix (`rtj_trainer.errors.FatalError`: a bad
 configuration, a checkpoint of other data, checkpoints only at another world size) exits with
-`FATAL_EXIT_CODE` (94), which stops ft_launcher's restarts (rtj_trainer.ftlaunch). Local rank 0
+`FATAL_EXIT_CODE` (94), which stops ft_launcher's restarts (rtj_trainer.launcher). Local rank 0
 writes the pod's termination message (rtj_trainer.termination) at the end and on a fatal error,
 when RTJ_TERMINATION_MESSAGE_PATH names the file.
 
@@ -24,10 +24,12 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from rtj_wire.pod import PEER_STOPPED_EXIT_CODE
+
 from . import termination
 from .config import PRESETS, build_config, launch_environment
 from .errors import FATAL_EXIT_CODE, FatalError
-from .stop import PEER_STOPPED_EXIT_CODE, STOP, exit_now, exit_soon, stop_exit_code
+from .stop import STOP, exit_now, exit_soon, stop_exit_code
 
 if TYPE_CHECKING:
     from .config import Config
@@ -192,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         # Start the checkpoint writer process now, while the launcher's other workers start
         # too: a warm spare then has one ready when it takes over, and every attempt of this
         # process reuses it (ProcessWriter).
-        ProcessWriter.prestart(launch.rank)
+        ProcessWriter(resiliency.carry).prestart(launch.rank)
     try:
         finished = resiliency.run(lambda session: train_and_report(cfg, session, metrics))
     except FatalError as exc:

@@ -194,7 +194,7 @@ class ResiliencyConfig(_Section):
     Needs in-process restart."""
     lost_pods_file: str | None = None
     """The launcher shim's file of the operator's verdicts on lost peer pods (env
-    RTJ_LOST_PODS_FILE, set by rtj_trainer.ftlaunch for its workers). With in-process restart
+    RTJ_LOST_PODS_FILE, set by rtj_trainer.launcher for its workers). With in-process restart
     and `job.pod_uid` known, a thread applies them to the wrapper at once instead of waiting
     `inprocess_pod_loss_timeout_seconds` for the lost ranks' heartbeats (rtj_trainer.podloss).
     None: only the heartbeats tell."""

@@ -1,7 +1,7 @@
 """Errors that restarting cannot fix: the `FatalError` family.
 
 A worker that raises one of these writes a termination message (rtj_trainer.termination) and
-exits with `FATAL_EXIT_CODE`; the launcher shim (rtj_trainer.ftlaunch) then stops ft_launcher's
+exits with `FATAL_EXIT_CODE`; the launcher shim (rtj_trainer.launcher) then stops ft_launcher's
 restarts for the whole job (every launcher exits with ft_launcher's no-restart code, 93) and the
 operator ends the job `Failed` with the trainer's reason (`TrainerFatalError`). Every other
 exception stays an ordinary fault: ft_launcher restarts the workers, the operator climbs its
@@ -16,7 +16,9 @@ resume falls back to an older one, and a restart may well succeed.
 
 from __future__ import annotations
 
-FATAL_EXIT_CODE = 94
+from rtj_wire import pod
+
+FATAL_EXIT_CODE = pod.FATAL_EXIT_CODE
 """A worker's exit code for a `FatalError` (ft_launcher's own no-restart code is 93)."""
 
 

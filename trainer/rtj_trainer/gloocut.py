@@ -13,14 +13,15 @@ What does end it at once is a TCP shutdown of the process group's sockets: the l
 fails ("Connection closed by peer") and so does every peer's that waits on this rank. The process
 group is then destroyed as usual (NVRx's abort) and the next attempt builds a new one. So:
 
-- `record(before)` after `init_process_group` (and the mesh): the TCP sockets that appeared since
-  the `snapshot()` taken before it are this attempt's gloo connections (the only sockets the
-  set-up opens when it is given a store; the store's own port is excluded all the same, and so
-  is a connection accepted meanwhile by a server that listened before the snapshot, such as a
+- `GlooConnections.record(before)` after `init_process_group` (and the mesh): the TCP sockets that
+  appeared since the `snapshot()` taken before it are this attempt's gloo connections (the only
+  sockets the set-up opens when it is given a store; the store's own port is excluded all the same,
+  and so is a connection accepted meanwhile by a server that listened before the snapshot, such as a
   Prometheus scrape of the rank's metrics endpoint);
-- `cut()`, an NVRx abort step in the wrapper's monitor thread, shuts them down (`SHUT_RDWR`, no
-  close: gloo still owns the descriptors and closes them when the group is destroyed). It runs
-  on every rank of a restart, also on one whose main thread is blocked in the collective.
+- `GlooConnections.cut()`, an NVRx abort step in the wrapper's monitor thread, shuts them down
+  (`SHUT_RDWR`, no close: gloo still owns the descriptors and closes them when the group is
+  destroyed). It runs on every rank of a restart, also on one whose main thread is blocked in the
+  collective.
 
 CPU/gloo only: NCCL's bootstrap sockets are never recorded (NCCL has its own abort).
 """
@@ -35,11 +36,6 @@ import threading
 from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
-
-_lock = threading.Lock()
-_recorded: frozenset[int] = frozenset()
-"""Socket inodes of the current attempt's gloo connections."""
-
 
 def _sockets() -> dict[int, int]:
     """inode -> file descriptor of this process's sockets."""
@@ -95,55 +91,61 @@ def snapshot() -> frozenset[int]:
     return frozenset(_sockets())
 
 
-def record(before: frozenset[int], *, exclude_ports: frozenset[int] = frozenset()) -> int:
-    """Remember the connected TCP sockets opened since `before` (skipping any whose local or
-    peer port is in `exclude_ports`, and any accepted by a server that was listening at
-    `before`) as the current attempt's gloo connections; returns how many."""
-    global _recorded
-    now = _sockets()
-    # A connection accepted by a server that listened before the snapshot (the rank's metrics
-    # endpoint) has that server's port as its local port: it is not gloo's.
-    servers = {ports[0] for inode in before & now.keys()
-               if (ports := _tcp_ports(now[inode])) is not None and ports[1] is None}
-    mine = set()
-    for inode, fd in now.items():
-        if inode in before:
-            continue
-        ports = _tcp_ports(fd)
-        if ports is None or ports[1] is None or ports[0] in servers:
-            continue
-        if not exclude_ports.intersection(ports):
-            mine.add(inode)
-    with _lock:
-        _recorded = frozenset(mine)
-    return len(mine)
+class GlooConnections:
+    """One attempt's gloo connections, recorded after the process group is up and cut when an
+    in-process restart aborts the attempt. The process keeps one (rtj_trainer.carry.CarryOver:
+    the abort step that cuts runs in NVRx's monitor thread, outside any attempt)."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._recorded: frozenset[int] = frozenset()
+        """Socket inodes of the current attempt's gloo connections."""
 
-def forget() -> None:
-    """The attempt's process group was destroyed cleanly: nothing to cut."""
-    global _recorded
-    with _lock:
-        _recorded = frozenset()
-
-
-def cut() -> int:
-    """Shut down the recorded connections that are still open; returns how many. Safe from any
-    thread: only `shutdown(2)`, no close."""
-    global _recorded
-    with _lock:
-        wanted, _recorded = _recorded, frozenset()
-    if not wanted:
-        return 0
-    done = 0
-    for inode, fd in _sockets().items():
-        if inode not in wanted:
-            continue
-        with _borrowed(fd) as sock:
-            if sock is None:
+    def record(self, before: frozenset[int], *,
+               exclude_ports: frozenset[int] = frozenset()) -> int:
+        """Remember the connected TCP sockets opened since `before` (skipping any whose local
+        or peer port is in `exclude_ports`, and any accepted by a server that was listening at
+        `before`) as the current attempt's gloo connections; returns how many."""
+        now = _sockets()
+        # A connection accepted by a server that listened before the snapshot (the rank's
+        # metrics endpoint) has that server's port as its local port: it is not gloo's.
+        servers = {ports[0] for inode in before & now.keys()
+                   if (ports := _tcp_ports(now[inode])) is not None and ports[1] is None}
+        mine = set()
+        for inode, fd in now.items():
+            if inode in before:
                 continue
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-                done += 1
-            except OSError:
-                pass  # already shut or reset by the peer
-    return done
+            ports = _tcp_ports(fd)
+            if ports is None or ports[1] is None or ports[0] in servers:
+                continue
+            if not exclude_ports.intersection(ports):
+                mine.add(inode)
+        with self._lock:
+            self._recorded = frozenset(mine)
+        return len(mine)
+
+    def forget(self) -> None:
+        """The attempt's process group was destroyed cleanly: nothing to cut."""
+        with self._lock:
+            self._recorded = frozenset()
+
+    def cut(self) -> int:
+        """Shut down the recorded connections that are still open; returns how many. Safe from
+        any thread: only `shutdown(2)`, no close."""
+        with self._lock:
+            wanted, self._recorded = self._recorded, frozenset()
+        if not wanted:
+            return 0
+        done = 0
+        for inode, fd in _sockets().items():
+            if inode not in wanted:
+                continue
+            with _borrowed(fd) as sock:
+                if sock is None:
+                    continue
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    done += 1
+                except OSError:
+                    pass  # already shut or reset by the peer
+        return done

@@ -82,9 +82,12 @@ def collective_timeout(cfg: Config, device: torch.device) -> timedelta:
 
 
 def init_distributed(
-    cfg: Config, launch: LaunchEnvironment, store: Store | None = None
+    cfg: Config, launch: LaunchEnvironment, store: Store | None = None,
+    gloo: gloocut.GlooConnections | None = None,
 ) -> DistributedContext:
-    """`init_process_group` (env:// unless a store is given) and a 1-D mesh over all ranks."""
+    """`init_process_group` (env:// unless a store is given) and a 1-D mesh over all ranks.
+    With a store on gloo, the group's connections are recorded in `gloo` (a restart cuts
+    them)."""
     device = pick_device(cfg, launch)
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs: dict[str, Any] = {"timeout": collective_timeout(cfg, device)}
@@ -95,12 +98,13 @@ def init_distributed(
         kwargs["device_id"] = device
     # In the in-process wrapper (a store is given) on gloo, remember the group's connections so
     # that a restart can cut them (rtj_trainer.gloocut: gloo has no abort).
-    cuttable = store is not None and backend == "gloo"
+    cuttable = store is not None and backend == "gloo" and gloo is not None
     before = gloocut.snapshot() if cuttable else frozenset()
     dist.init_process_group(backend, **kwargs)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     if cuttable:
-        gloocut.record(before, exclude_ports=frozenset(
+        assert gloo is not None
+        gloo.record(before, exclude_ports=frozenset(
             {launch.master_port, launch.master_port + 2}))
     return DistributedContext(
         rank=dist.get_rank(),

@@ -8,22 +8,19 @@ sibling monitor arrives there on their behalf. Only then can a warm spare take t
 over. Kubernetes knows sooner, and knows for certain: the operator sees the pod `Failed` (every
 container ended) or gone from the API within a second or two, and posts a *verdict* to every
 other trainer pod of the job, `POST /lost-pods` on the launcher shim's pod endpoint
-(rtj_trainer.podmetrics):
+(rtj_wire.lostpods). The path from there:
 
-    {"pods": [{"uid": "5b0c...", "name": "job-1", "cause": "PodFailed"}]}
-
-The path from there:
-
-- the shim (`VerdictBook`) keeps the newest verdicts in a pod-local file, `RTJ_LOST_PODS_FILE`,
-  which it exports to its workers (it refuses a verdict naming its own pod);
+- the shim (rtj_trainer.launcher.verdicts) keeps the newest verdicts in a pod-local file,
+  `RTJ_LOST_PODS_FILE`, which it exports to its workers (it refuses a verdict naming its own pod);
 - every worker under in-process restart runs a `PodLossListener` thread. Once the wrapper runs
   (its first restart iteration begins) it registers its pod's UID for its initial rank in the
   wrapper's store (`rtj_pod_uids`), so a verdict names processes, never a pod name that a
   replacement pod reuses, nor a rank number that a spare takes over. It polls the file; for a
   new verdict it marks the ranks registered with that UID terminated in the restart iteration
-  it is in **exactly as NVRx's sibling monitor marks ranks whose heartbeats stopped** (it calls
-  `SiblingMonitor.terminate_unresponsive_ranks`: the `UNRESPONSIVE` interruption records, the
-  terminated ranks, the iteration and termination barriers on their behalf), so the barrier
+  it is in **exactly as NVRx's sibling monitor marks ranks whose heartbeats stopped**
+  (rtj_trainer.nvrx.store calls `SiblingMonitor.terminate_unresponsive_ranks`: the
+  `UNRESPONSIVE` interruption records, the terminated ranks, the iteration and termination
+  barriers on their behalf), so the barrier
   completes and `FillGaps` moves the spare in at once. Active ranks and waiting spares alike.
 
 Safety: a verdict is evidence, not a timeout. The operator sends one only when Kubernetes says
@@ -40,77 +37,26 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from rtj_wire import env as wire_env
+from rtj_wire.lostpods import LostPod, parse_verdict
+
+from .nvrx import store as wrapper_store
+
 log = logging.getLogger(__name__)
 
-PATH = "/lost-pods"
-"""Where the shim's pod endpoint accepts verdicts (POST)."""
-FILE_ENV = "RTJ_LOST_PODS_FILE"
-"""The variable through which the shim tells its workers where its verdict file is."""
-MAX_PODS = 64
-"""Most pods one verdict may name, and most verdicts the shim keeps."""
-MAX_FIELD_CHARS = 253
+FILE_ENV = wire_env.LOST_PODS_FILE
+"""Where the launcher shim tells its workers its verdict file is (rtj_trainer.launcher.verdicts)."""
 REGISTRY_KEY = "rtj_pod_uids"
 """Key in the wrapper's base store: `<initial rank>=<pod uid>,` for every rank of the cycle."""
 RETRY_SECONDS = 60.0
 """How long a worker keeps trying a verdict it could not apply yet (an iteration changing)."""
-
-
-class VerdictError(ValueError):
-    """A verdict document of the wrong shape; the message names the field."""
-
-
-@dataclass(frozen=True, slots=True)
-class LostPod:
-    """One pod the operator found gone: every process of it ended."""
-
-    uid: str
-    name: str
-    cause: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"uid": self.uid, "name": self.name, "cause": self.cause}
-
-
-def _text(record: Mapping[str, Any], key: str, where: str, *, required: bool) -> str:
-    value = record.get(key, "")
-    if not isinstance(value, str) or len(value) > MAX_FIELD_CHARS or (required and not value):
-        raise VerdictError(f"{where}.{key}: expected a {'non-empty ' if required else ''}string "
-                           f"of at most {MAX_FIELD_CHARS} characters, got {value!r}")
-    return value
-
-
-def parse_verdict(document: Any) -> list[LostPod]:
-    """The pods a `POST /lost-pods` body names; VerdictError names the bad field."""
-    if not isinstance(document, dict):
-        raise VerdictError("expected a JSON object with a `pods` list")
-    pods = document.get("pods")
-    if not isinstance(pods, list) or not 1 <= len(pods) <= MAX_PODS:
-        raise VerdictError(f"pods: expected a list of 1 to {MAX_PODS} objects, got {pods!r}")
-    found = []
-    for n, record in enumerate(pods):
-        where = f"pods[{n}]"
-        if not isinstance(record, dict):
-            raise VerdictError(f"{where}: expected an object, got {record!r}")
-        found.append(LostPod(uid=_text(record, "uid", where, required=True),
-                             name=_text(record, "name", where, required=False),
-                             cause=_text(record, "cause", where, required=False)))
-    return found
-
-
-def default_file() -> Path:
-    """The shim's verdict file when none is configured: pod-local, one per launcher process."""
-    return Path(tempfile.gettempdir()) / f"rtj-lost-pods-{os.getpid()}.json"
 
 
 def read_verdicts(path: Path) -> list[LostPod]:
@@ -119,32 +65,6 @@ def read_verdicts(path: Path) -> list[LostPod]:
         return parse_verdict(json.loads(path.read_text()))
     except (OSError, ValueError):
         return []
-
-
-class VerdictBook:
-    """The shim's side: keep the newest verdicts in the pod-local file its workers poll."""
-
-    def __init__(self, path: Path, *, own_uid: str = "") -> None:
-        self.path = path
-        self.own_uid = own_uid
-        self._pods: dict[str, LostPod] = {}
-        self._lock = threading.Lock()
-
-    def record(self, pods: Iterable[LostPod]) -> list[LostPod]:
-        """Add the verdicts this pod had not heard yet (never one naming this pod itself) and
-        rewrite the file at once (readers see the old file or the new one); returns them."""
-        with self._lock:
-            new = [p for p in pods if p.uid != self.own_uid and p.uid not in self._pods]
-            if not new:
-                return []
-            for pod in new:
-                self._pods[pod.uid] = pod
-            while len(self._pods) > MAX_PODS:
-                del self._pods[next(iter(self._pods))]
-            tmp = self.path.with_name(f".{self.path.name}.tmp")
-            tmp.write_text(json.dumps({"pods": [p.to_json() for p in self._pods.values()]}))
-            os.replace(tmp, self.path)
-            return new
 
 
 # -- the worker's side: which ranks a verdict names ------------------------------------------
@@ -189,29 +109,6 @@ class Outcome(Enum):
     """The iteration is changing (its barrier completed, or a rank has not entered it yet)."""
 
 
-ITERATION_DONE_KEY = ("inprocess_barrier_prefix:reentrant_barrier:iteration_barrier:"
-                      "last_worker_arrived")
-"""NVRx's key (inprocess/store.py: BARRIER_PREFIX, the reentrant barrier's name,
-ITERATION_BARRIER) that the last rank to arrive at an iteration's barrier sets: the iteration is
-over."""
-
-
-def store_client(host: str, port: int, *, connect_seconds: float, op_seconds: float) -> Any:
-    """A client of the in-process wrapper's TCPStore (NVRx's `StoreMixin` API on it). It never
-    counts as one of the store's workers (`wait_for_workers=False`)."""
-    from nvidia_resiliency_ext.inprocess.store import StoreMixin
-    from torch._C._distributed_c10d import TCPStore
-
-    class WrapperStoreClient(TCPStore, StoreMixin):  # type: ignore[misc]
-        pass
-
-    client = WrapperStoreClient(host_name=host, port=port, is_master=False,
-                                timeout=timedelta(seconds=connect_seconds),
-                                wait_for_workers=False, use_libuv=True)
-    client.set_timeout(timedelta(seconds=op_seconds))
-    return client
-
-
 def register(base: Any, *, initial_rank: int, pod_uid: str) -> None:
     """Record in the wrapper's base store that `initial_rank` runs in the pod `pod_uid`."""
     base.append(REGISTRY_KEY, registry_entry(initial_rank, pod_uid))
@@ -223,26 +120,19 @@ def terminate_lost_ranks(
 ) -> tuple[Outcome, list[int]]:
     """Mark the ranks of the lost pods terminated in restart iteration `iteration` (world size
     `world_size`), as NVRx's sibling monitor does for ranks whose heartbeats stopped."""
-    from nvidia_resiliency_ext.inprocess.sibling_monitor import SiblingMonitor
-    from nvidia_resiliency_ext.inprocess.store import PrefixStore, StoreMixin
-
     base.append(REGISTRY_KEY, "")
     registry = parse_registry(base.get(REGISTRY_KEY).decode())
     lost = set(lost_uids)
     if not any(uid in lost for uid in registry.values()):
         return Outcome.NOTHING, []
-    store = PrefixStore(iteration, base)
-    keys = [StoreMixin.INITIAL_RANK.format(rank=r) for r in range(world_size)]
-    if store.check([ITERATION_DONE_KEY]) or not store.check(keys):
+    view = wrapper_store.iteration_view(base, iteration=iteration, world_size=world_size)
+    if not view.open:
         return Outcome.RETRY, []
-    initial_rank_of = [int(value) for value in store.multi_get(keys)]
-    ranks = ranks_to_terminate(lost, registry, initial_rank_of, store.get_terminated_ranks())
+    ranks = ranks_to_terminate(lost, registry, view.initial_rank_of, view.terminated)
     if not ranks:
         return Outcome.NOTHING, []
-    monitor = SiblingMonitor(store=store, rank=rank, world_size=world_size,
-                             initial_world_size=initial_world_size, timeout=timedelta(0),
-                             interval=timedelta(seconds=1))
-    monitor.terminate_unresponsive_ranks(ranks)
+    wrapper_store.mark_terminated(base, iteration=iteration, rank=rank, world_size=world_size,
+                                  initial_world_size=initial_world_size, ranks=ranks)
     return Outcome.MARKED, sorted(ranks)
 
 

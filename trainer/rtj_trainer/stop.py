@@ -4,7 +4,7 @@ Kubernetes ends a pod (the job suspended or preempted, the job or the pod delete
 drained) by sending SIGTERM to the container and SIGKILL after `terminationGracePeriodSeconds`.
 ft_launcher (the container's main process) then stops its workers and SIGKILLs them after
 `--term-timeout` (the operator sets it below the grace period: rtj_operator.podplan). Through the
-launcher shim (rtj_trainer.ftlaunch) it sends them `STOP_SIGNAL` (SIGUSR2), to the worker process
+launcher shim (rtj_trainer.launcher) it sends them `STOP_SIGNAL` (SIGUSR2), to the worker process
 only, not its process group (the worker's checkpoint writer must live to write the last save).
 A worker then has that long to save the step it is at. SIGTERM keeps its meaning (die now): it is
 what ft_launcher sends its workers to restart them after a fault, where nothing is worth saving.
@@ -51,15 +51,18 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from rtj_wire.pod import CHECKPOINT_AND_STOP_SIGNAL, PEER_STOPPED_EXIT_CODE
+
 if TYPE_CHECKING:
     import torch
 
-STOP_SIGNAL = signal.SIGUSR2
+STOP_SIGNAL = CHECKPOINT_AND_STOP_SIGNAL
 """What asks a worker to checkpoint, then stop (its default action, outside the step loop, ends
-the process as SIGTERM would)."""
-PEER_STOPPED_EXIT_CODE = 95
-"""A worker that checkpointed and stopped because another rank was asked to stop (its own pod
-runs on): not 0, so that its ft_launcher restarts it into the next rendezvous round."""
+the process as SIGTERM would); the pod's contract (rtj_wire.pod).
+
+`PEER_STOPPED_EXIT_CODE` (rtj_wire.pod): a worker that checkpointed and stopped because another
+rank was asked to stop (its own pod runs on): not 0, so that its ft_launcher restarts it into the
+next rendezvous round."""
 EXIT_AFTER_STOP_SECONDS = 10.0
 """How long a worker that stopped (its checkpoint committed, its termination message written)
 may take to leave the in-process wrapper before it ends itself with its exit code."""

@@ -22,7 +22,7 @@ import os
 import time
 
 PROCESS_MARKS = ("process_start", "attached", "main", "imports")
-"""`attached`: a warm worker took over this worker (rtj_trainer.warmworker); `process_start` is
+"""`attached`: a warm worker took over this worker (rtj_trainer.warm.worker); `process_start` is
 then the start of the worker process ft_launcher started (the attach client)."""
 _marks: dict[str, float] = {}
 

@@ -59,7 +59,7 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
     # An in-process restart resumes from the state this attempt reached, if it is intact: the
     # wrapper's finalize step asks for it (checkpoint.stage_offered), not this attempt's own
     # exception handler, which NVRx's repeated restart exceptions can cut short.
-    expect_offer(trainer.offer_live_state)
+    expect_offer(session.carry, trainer.offer_live_state)
     try:
         trainer.resume()
         metrics.watch(trainer.snapshot)
@@ -97,10 +97,10 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
     except BaseException as exc:
         STOP.disarm()  # an in-process restart or a dying worker has nothing newer to save
         if isinstance(exc, (FatalError, KeyboardInterrupt, SystemExit)):
-            expect_offer(None)  # no restart resumes from here
+            expect_offer(session.carry, None)  # no restart resumes from here
         raise
     finally:
         if clean:
-            expect_offer(None)
+            expect_offer(session.carry, None)
         metrics.unwatch()
         trainer.close(clean=clean)

@@ -25,12 +25,13 @@ from typing import IO, Any
 import torch
 import torch.distributed as dist
 
-from . import gloocut, parallel, timeline
+from . import parallel, timeline
 from .checkpoint import Checkpointer, close_interrupted, job_identity, stage_offered
 from .checkpoint.store import read_commit_log
 from .config import Config
 from .data import TokenBatches
 from .errors import DataMismatchError
+from .gloocut import GlooConnections
 from .ledger import LEDGER_FILE, Ledger, advance_ledger
 from .metrics import Snapshot
 from .resiliency import Session
@@ -104,11 +105,11 @@ def _reconcile_ledger(
     return result
 
 
-def _release(ctx: parallel.DistributedContext, *, clean: bool) -> None:
+def _release(ctx: parallel.DistributedContext, gloo: GlooConnections, *, clean: bool) -> None:
     if clean:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
-        gloocut.forget()
+        gloo.forget()
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -127,8 +128,9 @@ class Trainer:
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.data = TokenBatches(cfg.data, seq_len=cfg.model.seq_len,
                                  vocab_size=cfg.model.vocab_size)
-        close_interrupted()  # an earlier attempt's writer: kept or stopped before a new one
-        stage_offered()  # and the training state it offered to keep, if the finalize step did not
+        carry = session.carry
+        close_interrupted(carry)  # an earlier attempt's writer: kept or stopped before a new one
+        stage_offered(carry)  # and the state it offered to keep, if the finalize step did not
         self.checkpointer = Checkpointer(
             cfg.checkpoint,
             root=Path(cfg.checkpoint.dir),
@@ -139,6 +141,7 @@ class Trainer:
             job=job_identity(cfg.job.namespace, cfg.job.name),
             accepted_jobs=cfg.checkpoint.resume_from_jobs,
             keepalive=session.heartbeat,
+            carry=carry,
         )
         try:
             self._loaded = self.checkpointer.load_latest()
@@ -182,12 +185,13 @@ class Trainer:
     def build(cls, cfg: Config, session: Session) -> Trainer:
         """Join the process group and build everything; on failure, give the device back."""
         timeline.mark("build")
-        ctx = parallel.init_distributed(cfg, session.launch, session.process_group_store())
+        ctx = parallel.init_distributed(cfg, session.launch, session.process_group_store(),
+                                        session.carry.gloo)
         timeline.mark("process_group")
         try:
             return cls(cfg, session, ctx)
         except BaseException:
-            _release(ctx, clean=False)
+            _release(ctx, session.carry.gloo, clean=False)
             raise
 
     # -- the checkpoint's content -------------------------------------------------------------
@@ -424,7 +428,7 @@ class Trainer:
         self.checkpointer.close(abort=not clean)
         if clean and self._finished:
             self.checkpointer.discard_local_copies()
-        _release(self.ctx, clean=clean)
+        _release(self.ctx, self.session.carry.gloo, clean=clean)
 
     def snapshot(self) -> Snapshot:
         """The metrics' values now, read from their sources (called on every scrape)."""

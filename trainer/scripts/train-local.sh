@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tiny CPU trainer: 2 ranks (gloo; RTJ_NPROC_PER_NODE) under NVRx ft_launcher on this machine, no
-# Kubernetes. RTJ_WARM_WORKERS=1 starts the workers from pre-imported processes (rtj_trainer.warmpool).
+# Kubernetes. RTJ_WARM_WORKERS=1 starts the workers from pre-imported processes (rtj_trainer.launcher.warmpool).
 #
 #   make train-local                                  # fault-free run
 #   TRAINER_FAULTS="8:1:exception,17:0:sigkill,26:1:hang" make train-local
@@ -43,5 +43,5 @@ mapfile -t FT_FLAGS < <("$BIN/python" -m rtj_operator.ftflags \
 
 # ft_launcher through the shim the pods run (rtj_trainer/ftlaunch.py): a worker that exits with
 # 94 (rtj_trainer.errors.FATAL_EXIT_CODE: restarting cannot help) ends the run with 93 at once.
-exec "$BIN/python" -m rtj_trainer.ftlaunch --rtj-non-retryable-exit-codes=94 --standalone --nnodes=1 --nproc-per-node="${RTJ_NPROC_PER_NODE:-2}" "${FT_FLAGS[@]}" \
+exec "$BIN/python" -m rtj_trainer.launcher --rtj-non-retryable-exit-codes=94 --standalone --nnodes=1 --nproc-per-node="${RTJ_NPROC_PER_NODE:-2}" "${FT_FLAGS[@]}" \
   --no-python "$BIN/python" -m rtj_trainer --preset tiny "$@"

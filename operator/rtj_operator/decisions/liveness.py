@@ -481,7 +481,7 @@ PEER_VERDICT_GRACE = timedelta(seconds=15)
 
 def following_a_peer(p: _Pass, pod: PodView) -> bool:
     """A launcher that exited 93 without a message of its own stopped because another launcher
-    of the job said "do not restart" (rtj_trainer.ftlaunch): the reason is in that pod's
+    of the job said "do not restart" (rtj_trainer.launcher): the reason is in that pod's
     termination message, which may reach the API a moment later. While another trainer pod has
     not ended yet, wait for it, up to PEER_VERDICT_GRACE after this pod ended."""
     if pod.exit_code != NO_RESTART_EXIT_CODE or pod.outcome is not None:

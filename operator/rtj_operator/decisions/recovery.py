@@ -112,7 +112,7 @@ def reschedule(p: _Pass, fault: DetectedFault) -> None:
 
 def reschedule_everything(p: _Pass, fault: DetectedFault) -> None:
     """The rendezvous pod was evicted: every launcher lost the store and stops its workers with a
-    checkpoint of the current step (rtj_trainer.ftlaunch). Delete every trainer pod with its own
+    checkpoint of the current step (rtj_trainer.launcher). Delete every trainer pod with its own
     grace period (the stop checkpoint must finish) and start everything again once they are
     gone, like a full restart but without spending a budget."""
     p.add_incident(fault, RecoveryAction.RESCHEDULE)

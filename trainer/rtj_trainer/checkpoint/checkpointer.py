@@ -1,4 +1,5 @@
-"""The per-rank checkpointer the step loop uses: the one adapter around NVRx async checkpointing.
+"""The per-rank checkpointer the step loop uses (NVRx's async writer is reached through
+rtj_trainer.nvrx.asyncwriter).
 
 Why this shape:
 
@@ -31,7 +32,6 @@ import contextlib
 import copy
 import functools
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,8 +41,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..carry import CarryOver
 from ..config import CheckpointConfig
 from ..errors import ForeignCheckpointError, WorldSizeChangedError
+from ..nvrx import asyncwriter
 from .format import (
     CheckpointError,
     Manifest,
@@ -139,34 +141,9 @@ class LoadedCheckpoint:
     state the interrupted attempt had reached: `stage_live`)."""
 
 
-def _spawn_writer(rank: int) -> Any:
-    """A new NVRx persistent writer: its queue, the process spawned and its first request sent
-    (`arm_writer`: die with this trainer)."""
-    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import (
-        AsyncCallsQueue,
-        AsyncRequest,
-        PersistentAsyncCaller,
-    )
-
-    queue = AsyncCallsQueue(persistent=True, cpu_shm_mode=True)
-    # NVRx asks torch.distributed for the rank (for its log lines) unless told: a warm spare
-    # starts its writer before any process group exists.
-    queue.persistent_caller = PersistentAsyncCaller(cpu_shm_mode=True)
-    queue.persistent_caller.rank = rank
-    queue.schedule_async_request(AsyncRequest(arm_writer, (os.getpid(),), []))
-    log.info("checkpoint writer process %d started", queue.persistent_caller.process.pid,
-             extra={"rank": rank})
-    return queue
-
-
-def _writer_alive(queue: Any) -> bool:
-    caller = queue.persistent_caller
-    process = caller.process if caller is not None else None
-    return process is not None and process.is_alive()
-
-
 class ProcessWriter:
-    """The process's one NVRx persistent writer, kept across in-process restarts while idle.
+    """The process's one NVRx persistent writer (rtj_trainer.nvrx.asyncwriter), kept across
+    in-process restarts while idle, in the process's `CarryOver` (rtj_trainer.carry).
 
     Why: NVRx's writer is a spawned Python process that imports torch, seconds of CPU. Every
     in-process restart used to kill each rank's writer (the wrapper's
@@ -180,51 +157,44 @@ class ProcessWriter:
     it, and a process can start its writer before its first attempt (`prestart`: a warm spare
     does it while it waits)."""
 
-    _kept: Any = None
+    def __init__(self, carry: CarryOver) -> None:
+        self.carry = carry
 
-    @classmethod
-    def prestart(cls, rank: int) -> None:
+    def prestart(self, rank: int) -> None:
         """Spawn this process's writer now (once)."""
-        if cls._kept is None:
-            cls._kept = _spawn_writer(rank)
+        if self.carry.writer is None:
+            self.carry.writer = asyncwriter.spawn(rank, arm_writer)
 
-    _replace: int | None = None
-    """The rank whose writer an in-process restart stopped while it was writing: a replacement is
-    started as soon as nothing can interrupt any more (`start_replacement`)."""
+    def stopped_busy(self, rank: int) -> None:
+        """The writer of `rank` was stopped mid-write: replace it (`start_replacement`)."""
+        self.carry.writer_to_replace = rank
 
-    @classmethod
-    def stopped_busy(cls, rank: int) -> None:
-        cls._replace = rank
-
-    @classmethod
-    def start_replacement(cls) -> None:
+    def start_replacement(self) -> None:
         """Start the replacement of a writer stopped mid-write, so that the next attempt's first
         save does not queue behind its start-up (seconds of imports: on two CPU cores a rank
         waited 5 s for it at its second save, its peer's gloo collective timed out, and the
         attempt restarted again). Called from the wrapper's finalize step."""
-        rank, cls._replace = cls._replace, None
+        rank, self.carry.writer_to_replace = self.carry.writer_to_replace, None
         if rank is not None:
-            cls.prestart(rank)
+            self.prestart(rank)
 
-    @classmethod
-    def take(cls, rank: int) -> Any:
+    def take(self, rank: int) -> Any:
         """The kept writer if it still runs, else a new one."""
-        cls._replace = None
-        queue, cls._kept = cls._kept, None
-        if queue is not None and _writer_alive(queue):
+        self.carry.writer_to_replace = None
+        queue, self.carry.writer = self.carry.writer, None
+        if queue is not None and asyncwriter.alive(queue):
             return queue
         if queue is not None:
             with contextlib.suppress(Exception):
                 queue.close(abort=True)
-        return _spawn_writer(rank)
+        return asyncwriter.spawn(rank, arm_writer)
 
-    @classmethod
-    def keep(cls, queue: Any) -> None:
+    def keep(self, queue: Any) -> None:
         """Hand back an idle writer for the next attempt of this process."""
-        if cls._kept is not None and cls._kept is not queue:
+        if self.carry.writer is not None and self.carry.writer is not queue:
             with contextlib.suppress(Exception):
-                cls._kept.close(abort=True)
-        cls._kept = queue
+                self.carry.writer.close(abort=True)
+        self.carry.writer = queue
 
 
 class Checkpointer:
@@ -244,6 +214,7 @@ class Checkpointer:
         accepted_jobs: tuple[str, ...] = (),
         on_commit: Callable[[Manifest], None] | None = None,
         keepalive: Callable[[], object] | None = None,
+        carry: CarryOver | None = None,
     ) -> None:
         self.cfg = cfg
         self.root = root
@@ -263,7 +234,10 @@ class Checkpointer:
         self._pending: list[_Pending] = []
         self._resumed_from: Path | None = None
         """The checkpoint this attempt loaded: prune never deletes it."""
-        self._staging = HostStaging.for_process()
+        self.carry = carry if carry is not None else CarryOver()
+        """What this process's attempts hand on to each other (rtj_trainer.carry)."""
+        self._writers = ProcessWriter(self.carry)
+        self._staging = HostStaging.of(self.carry)
         self._deleter = BackgroundDeleter()
         self._queue: Any = None
         self._local: Path | None = None
@@ -275,7 +249,7 @@ class Checkpointer:
         """Rank 0's commit thread (started at the first save to commit)."""
         self._progress = CommitProgressReader(root, identity)
         """The other ranks' view of rank 0's commits."""
-        _UNCLOSED.append(self)  # until close() ran to its end (close_interrupted)
+        self.carry.unclosed.append(self)  # until close() ran to its end (close_interrupted)
         if cfg.mode == "async" and cfg.interval_steps:
             self._async_queue()  # spawn the writer now, not at the first save
 
@@ -283,7 +257,7 @@ class Checkpointer:
 
     def _async_queue(self) -> Any:
         if self._queue is None:
-            self._queue = ProcessWriter.take(self.rank)
+            self._queue = self._writers.take(self.rank)
         return self._queue
 
     def _writer_idle(self) -> bool:
@@ -295,7 +269,7 @@ class Checkpointer:
             self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
         except Exception:  # a failed write, a writer gone: not one to keep
             return False
-        return _writer_alive(self._queue) and all(p.written for p in self._pending)
+        return asyncwriter.alive(self._queue) and all(p.written for p in self._pending)
 
     def _keep_alive(self) -> None:
         now = time.monotonic()
@@ -310,9 +284,7 @@ class Checkpointer:
             self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
             if all(p.written for p in self._pending):
                 break
-            caller = self._queue.persistent_caller if self._queue is not None else None
-            process = caller.process if caller is not None else None
-            if process is not None and not process.is_alive():
+            if asyncwriter.died(self._queue):
                 raise CheckpointError("the NVRx checkpoint writer process died")
             self._keep_alive()
             time.sleep(0.005)
@@ -353,14 +325,12 @@ class Checkpointer:
             writer = functools.partial(write_shard,
                                        local_copy=(str(self._local), step, self.identity))
         if self.cfg.mode == "async":
-            from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
 
             def finalize() -> None:
                 pending.written = True
 
-            request = AsyncRequest(
-                writer, (*args, True, self.cfg.test_write_delay_seconds), [finalize]
-            )
+            request = asyncwriter.request(
+                writer, (*args, True, self.cfg.test_write_delay_seconds), [finalize])
             self._async_queue().schedule_async_request(request)
             self._pending.append(pending)
         else:
@@ -383,7 +353,7 @@ class Checkpointer:
         """An in-process restart interrupted the attempt after `step` with the training state
         intact; `state` reads that state in place (parallel.live_views). Staged once nothing can
         interrupt any more (`stage_offered`, from the wrapper's finalize step)."""
-        _OFFERED[:] = [(self, step, state)]
+        self.carry.offered = (self, step, state)
 
     def stage_live(self, step: int, state: dict[str, Any]) -> None:
         """Stage `state` (no collective) into the staging buffer as the save of `step`, nothing
@@ -399,13 +369,13 @@ class Checkpointer:
 
     def _stop_busy_writer(self) -> None:
         """Stop this rank's writer, which is still writing from the staging buffer; its
-        replacement starts at the wrapper's finalize step (ProcessWriter.start_replacement).
+        replacement starts at the wrapper's finalize step (`ProcessWriter.start_replacement`).
         Said once the writer is stopped, right before the queue is dropped: a stop cut short by
         an in-process restart's exception is done again by `close_interrupted`, and said then
         (it was said twice when the line came first)."""
         with contextlib.suppress(Exception):
             self._queue.close(abort=True)
-        ProcessWriter.stopped_busy(self.rank)
+        self._writers.stopped_busy(self.rank)
         log.info("checkpoint writer stopped: a write was in flight", extra={"rank": self.rank})
         self._queue = None
 
@@ -687,7 +657,7 @@ class Checkpointer:
             self._committer = None
         if self._queue is not None:
             if abort and self._writer_idle():
-                ProcessWriter.keep(self._queue)  # the next attempt's (ProcessWriter)
+                self._writers.keep(self._queue)  # the next attempt's (ProcessWriter)
                 log.info("checkpoint writer kept for the next attempt (idle)",
                          extra={"rank": self.rank})
             elif abort:
@@ -704,19 +674,10 @@ class Checkpointer:
             self._staging.release()
             self._deleter.drain()
         with contextlib.suppress(ValueError):
-            _UNCLOSED.remove(self)
+            self.carry.unclosed.remove(self)
 
 
-_UNCLOSED: list[Checkpointer] = []
-"""Checkpointers whose close() has not run to its end."""
-_OFFERED: list[tuple[Checkpointer, int, dict[str, Any]]] = []
-"""The training state an interrupted attempt offered to keep (`offer_live`), not staged yet."""
-_OFFERS: list[Callable[[], object]] = []
-"""How the running attempt offers its training state (`expect_offer`), while it may be
-interrupted."""
-
-
-def expect_offer(offer: Callable[[], object] | None) -> None:
+def expect_offer(carry: CarryOver, offer: Callable[[], object] | None) -> None:
     """Register how the attempt now running offers its training state (it calls
     `Checkpointer.offer_live` when that state is intact), or withdraw it (None: the attempt ended
     cleanly or for good). `stage_offered` calls it when the attempt offered nothing itself.
@@ -727,10 +688,10 @@ def expect_offer(offer: Callable[[], object] | None) -> None:
     blocked past twice the soft timeout), the monitor raises again and again until it does, and one
     of those exceptions can land inside the handler and cut the offer short: the next attempt then
     went back to the last save and computed steps again."""
-    _OFFERS[:] = [] if offer is None else [offer]
+    carry.offer = offer
 
 
-def stage_offered() -> int | None:
+def stage_offered(carry: CarryOver) -> int | None:
     """Stage the training state an interrupted attempt offered (`Checkpointer.offer_live`, or the
     offer registered with `expect_offer`, made here), so that the next attempt can resume from
     it: called where no asynchronous exception of NVRx's monitor thread can land any more (the
@@ -739,35 +700,35 @@ def stage_offered() -> int | None:
     # Each entry is removed only once its work is done: a call cut short (an exception of NVRx's
     # that was already pending when its monitor thread stopped) leaves it to the next call,
     # which the next attempt makes before it builds its checkpointer (Trainer.__init__).
-    if not _OFFERED and _OFFERS:
+    if carry.offered is None and carry.offer is not None:
         try:
-            _OFFERS[0]()
+            carry.offer()
         except Exception as exc:  # the restart goes on: the next attempt resumes from a copy
             log.warning("could not offer the interrupted attempt's training state: %s", exc)
-    _OFFERS.clear()
-    if not _OFFERED:
+    carry.offer = None
+    if carry.offered is None:
         return None
-    checkpointer, step, state = _OFFERED[0]  # offer_live keeps at most one
+    checkpointer, step, state = carry.offered  # offer_live keeps at most one
     began = time.perf_counter()
     try:
         checkpointer.stage_live(step, state)
     except Exception as exc:  # the restart goes on: the next attempt resumes from a copy
-        _OFFERED.clear()
+        carry.offered = None
         log.warning("could not keep the training state after step %d in memory: %s", step, exc,
                     extra={"rank": checkpointer.rank})
         return None
-    _OFFERED.clear()
+    carry.offered = None
     log.info("kept the training state after step %d in memory for the next attempt (%.3f s)",
              step, time.perf_counter() - began, extra={"rank": checkpointer.rank})
     return step
 
 
-def close_interrupted() -> int:
+def close_interrupted(carry: CarryOver) -> int:
     """Finish, as an abort, every close() an in-process restart interrupted (or never reached):
     keep an idle writer for the next attempt, stop a busy one, stop a commit thread. Called
     after NVRx's monitor thread stopped raising (the wrapper's finalize step) and before a new
     attempt builds its checkpointer. Returns how many there were."""
-    unclosed = list(_UNCLOSED)
+    unclosed = list(carry.unclosed)
     for checkpointer in unclosed:
         try:
             checkpointer.close(abort=True)
@@ -775,5 +736,5 @@ def close_interrupted() -> int:
             log.warning("closing an interrupted checkpointer failed: %s", exc,
                         extra={"rank": checkpointer.rank})
             with contextlib.suppress(ValueError):
-                _UNCLOSED.remove(checkpointer)
+                carry.unclosed.remove(checkpointer)
     return len(unclosed)

@@ -132,15 +132,15 @@ class HostStaging:
                     log.warning("cudaHostRegister failed (%s): staging copies are pageable", result)
         return self.buffer
 
-    _kept: HostStaging | None = None
-
     @classmethod
-    def for_process(cls) -> HostStaging:
-        """The process's one staging buffer: an in-process restart finds the buffer (allocated
-        and page-locked, seconds for GBs) of the attempt before it instead of allocating anew."""
-        if cls._kept is None:
-            cls._kept = cls()
-        return cls._kept
+    def of(cls, carry: Any) -> HostStaging:
+        """The process's one staging buffer, kept in its `CarryOver` (rtj_trainer.carry): an
+        in-process restart finds the buffer (allocated and page-locked, seconds for GBs) of the
+        attempt before it instead of allocating anew."""
+        if carry.staging is None:
+            carry.staging = cls()
+        staging: HostStaging = carry.staging
+        return staging
 
     def release(self) -> None:
         self.staged = None

@@ -1,9 +1,9 @@
-"""`python -m rtj_trainer.attach <trainer arguments>`: the worker command ft_launcher starts when
-warm workers are on (rtj_trainer.ftlaunch, `RTJ_WARM_WORKERS=1`). It hands this worker over to a
-warm process of the launcher's pool (rtj_trainer.warmworker: torch, torch.distributed, NVRx and
+"""`python -m rtj_trainer.warm.attach <trainer arguments>`: the worker command ft_launcher starts
+when warm workers are on (rtj_trainer.launcher, `RTJ_WARM_WORKERS=1`). It hands this worker over to
+a warm process of the launcher's pool (rtj_trainer.warm.worker: torch, torch.distributed, NVRx and
 the trainer already imported) and stands in for it until it ends; with no warm process ready it
-becomes `python -m rtj_trainer <trainer arguments>` at once (exec). A warm process still
-importing is waited for (rtj_trainer.warmwire says why that is never slower).
+becomes `python -m rtj_trainer <trainer arguments>` at once (exec). A warm process still importing
+is waited for (rtj_trainer.warm.wire says why that is never slower).
 
 Standard library only (an import-linter contract keeps torch, NVRx and pydantic off its import
 path): the whole point is that this process starts in tens of milliseconds.
@@ -12,13 +12,13 @@ What it keeps true for ft_launcher, which only sees this process:
 
 - the warm worker gets this process's arguments, environment, working directory and its stdin,
   stdout and stderr (SCM_RIGHTS), so it logs where this worker would have;
-- signals sent to this process are passed on (rtj_trainer.warmwire: SIGTERM/SIGINT/SIGHUP to the
+- signals sent to this process are passed on (rtj_trainer.warm.wire: SIGTERM/SIGINT/SIGHUP to the
   warm worker's process group, SIGUSR1/SIGUSR2 to its pid only);
 - this process ends as the warm worker did: its exit code, or the signal that killed it
   (`warmwire.ending`); a warm worker killed from outside (its NVRx rank monitor, which knows the
   warm worker's pid: that process connected to it) reads here as SIGKILL;
 - this process killed (SIGKILL from torchelastic or a fault drill) closes the socket, and the
-  warm worker SIGKILLs its own process group at once (rtj_trainer.warmworker).
+  warm worker SIGKILLs its own process group at once (rtj_trainer.warm.worker).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from . import warmwire
+from . import wire as warmwire
 
 ANSWER_TIMEOUT_SECONDS = 60.0
 """How long to wait for a warm worker's answer: milliseconds when it is idle, the rest of its

@@ -1,9 +1,10 @@
-"""`python -m rtj_trainer.warmworker --status-fd N`: a warm worker of the launcher shim's pool
-(rtj_trainer.warmpool). It imports everything a trainer worker imports (torch, torch._dynamo,
-torch.distributed with FSDP and DCP, NVRx, the trainer's modules) without touching CUDA, listens
-on `warm-<pid>.sock` in the pool directory (from before its imports: a client that comes early
-waits for them), and waits for one attach client (rtj_trainer.attach). Then it becomes that
-worker: it takes the client's stdin/stdout/stderr, environment, working directory and arguments,
+"""`python -m rtj_trainer.warm.worker --status-fd N`: a warm worker of the launcher shim's pool
+(rtj_trainer.launcher.warmpool). It imports everything a trainer worker imports (torch,
+torch._dynamo, torch.distributed with FSDP and DCP, NVRx, the trainer's modules) without touching
+CUDA, listens on `warm-<pid>.sock` in the pool directory (from before its imports: a client that
+comes early waits for them), and waits for one attach client (rtj_trainer.warm.attach). Then it
+becomes that worker: it takes the client's stdin/stdout/stderr, environment, working directory and
+arguments,
 and runs `python -m rtj_trainer` in this process (`runpy`, exactly as the interpreter would), so
 the worker's own time starts after the imports.
 
@@ -14,7 +15,7 @@ starts the normal way. The thread count (OMP_NUM_THREADS, which torchelastic set
 workers) is applied at attach (`torch.set_num_threads`); torch's inter-op pool keeps the size it
 gets at first use, after attach. The pid is the warm worker's, not the client's: NVRx's rank
 monitor learns it from this process and kills this process on a missed heartbeat; the client
-then ends as if SIGKILLed (rtj_trainer.attach).
+then ends as if SIGKILLed (rtj_trainer.warm.attach).
 
 **Failure coupling.** Idle, a warm worker dies with the launcher (PR_SET_PDEATHSIG). Attached, it
 lives exactly as long as its client: the client's end of the socket closing (it was SIGKILLed)
@@ -41,18 +42,18 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from . import timeline, warmwire
+from .. import timeline
+from . import wire as warmwire
 
 REQUEST_TIMEOUT_SECONDS = 5.0
 PRELOADED = (
     "torch", "torch._dynamo", "torch.distributed", "torch.distributed.fsdp",
-    "torch.distributed.checkpoint", "nvidia_resiliency_ext.fault_tolerance",
-    "nvidia_resiliency_ext.inprocess",
-    "nvidia_resiliency_ext.checkpointing.async_ckpt.core",
+    "torch.distributed.checkpoint", "rtj_trainer.nvrx.preload",
     "rtj_trainer.__main__", "rtj_trainer.metrics", "rtj_trainer.resiliency", "rtj_trainer.train",
 )
 """What a worker imports before its first line of training (rtj_trainer.__main__ and the lazy
-imports of rtj_trainer.resiliency and rtj_trainer.checkpoint)."""
+imports of rtj_trainer.resiliency and rtj_trainer.checkpoint; rtj_trainer.nvrx.preload names the
+NVRx modules, which only rtj_trainer.nvrx imports)."""
 
 
 def _prctl_parent_death_signal(sig: int) -> None:
@@ -202,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     global _attachment
     # Registered before anything else (the imports register theirs): runs after all of them.
     atexit.register(_report_at_exit)
-    parser = argparse.ArgumentParser(prog="python -m rtj_trainer.warmworker")
+    parser = argparse.ArgumentParser(prog="python -m rtj_trainer.warm.worker")
     parser.add_argument("--status-fd", type=int, required=True,
                         help="pipe to the pool: R when ready, T when taken")
     options = parser.parse_args(argv)

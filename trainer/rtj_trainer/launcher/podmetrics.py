@@ -2,14 +2,10 @@
 
 Each rank serves its own Prometheus endpoint (`rtj_trainer.metrics`, port RTJ_METRICS_PORT +
 local rank). Scraping 8,000 of those every few seconds from one operator does not scale (docs/
-benchmarks.md, "Scale"), so the launcher shim (`rtj_trainer.ftlaunch`), one per pod, also serves
+benchmarks.md, "Scale"), so the launcher shim (`rtj_trainer.launcher`), one per pod, also serves
 `GET /ranks` on RTJ_METRICS_HOST:(RTJ_METRICS_PORT - 1) (`pod_port`): on each request it reads
 its local ranks' endpoints over loopback (in parallel, a short timeout) and answers one small
-JSON document:
-
-    {"ranks": [{"localRank": 0, "rank": 0, "heartbeat": 1.7e9, "step": 42, "committedStep": 40,
-                "committedTime": 1.7e9, "goodputRatio": 0.9, "restarts": {"launcher": 0, ...},
-                "standby": false, "answered": true}, ...]}
+JSON document (its format: rtj_wire.ranks).
 
 A rank is listed once it has answered at least once; when it stops answering (its worker died
 or is being restarted by ft_launcher) the last values it gave are kept with `"answered": false`,
@@ -23,13 +19,15 @@ launcher shim marks the pod finished (`PodRanks.mark_finished`) and the document
 as done, not as a pod whose heartbeat went stale.
 
 The same endpoint takes the operator's verdicts on lost peer pods, `POST /lost-pods`
-(rtj_trainer.podloss): the shim keeps them in the file its workers poll, so the in-process
-wrapper learns of a lost pod at once instead of after its heartbeat timeout. Who may reach the
+(rtj_wire.lostpods, rtj_trainer.launcher.verdicts): the shim keeps them in the file its workers
+poll, so the in-process wrapper learns of a lost pod at once instead of after its heartbeat
+timeout. Who may reach the
 port is the job's NetworkPolicy's business (the job's own pods and the operator's).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -40,48 +38,27 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+from rtj_wire import env as wire_env
+from rtj_wire import lostpods
+from rtj_wire import ranks as wire_ranks
+from rtj_wire.pod import pod_endpoint_port as pod_port
+from rtj_wire.ranks import RankRecord
 
-from . import podloss
+from .verdicts import VerdictBook
 
-PREFIX = "rtj_trainer_"
-PATH = "/ranks"
+__all__ = ["PodRanks", "accept_verdict", "pod_port", "rank_record", "serve",
+           "start_from_environment"]
+
 LOCAL_TIMEOUT_SECONDS = 0.5
-log = logging.getLogger("rtj_trainer.podmetrics")
+log = logging.getLogger("rtj_trainer.launcher")
 
 
-def pod_port(metrics_port: int) -> int:
-    """The pod endpoint's port: one below the first rank's (0: off)."""
-    return metrics_port - 1 if metrics_port > 1 else 0
-
-
-def rank_record(text: str, local_rank: int) -> dict[str, Any]:
+def rank_record(text: str, local_rank: int) -> RankRecord:
     """One rank's /metrics page (Prometheus text) as the pod endpoint's record of it."""
-    values: dict[str, float] = {}
-    restarts: dict[str, int] = {}
-    rank: int | None = None
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not sample.name.startswith(PREFIX):
-                continue
-            name = sample.name[len(PREFIX):]
-            if rank is None and "rank" in sample.labels:
-                try:
-                    rank = int(sample.labels["rank"])
-                except ValueError:
-                    rank = None
-            if name == "restarts_total":
-                restarts[sample.labels.get("kind", "")] = int(sample.value)
-            elif name not in values:
-                values[name] = float(sample.value)
-    record: dict[str, Any] = {"localRank": local_rank, "rank": rank, "restarts": restarts,
-                              "standby": values.get("standby", 0.0) >= 1.0, "answered": True}
-    for key, name in (("heartbeat", "heartbeat_timestamp_seconds"), ("step", "step"),
-                      ("committedStep", "checkpoint_committed_step"),
-                      ("committedTime", "checkpoint_committed_timestamp_seconds"),
-                      ("goodputRatio", "goodput_ratio")):
-        if name in values:
-            record[key] = values[name]
-    return record
+    return RankRecord.from_samples(
+        ((sample.name, sample.labels, sample.value)
+         for family in text_string_to_metric_families(text) for sample in family.samples),
+        local_rank=local_rank)
 
 
 def _fetch(url: str) -> str | None:
@@ -100,7 +77,7 @@ class PodRanks:
                  fetch: Callable[[str], str | None] = _fetch) -> None:
         self.urls = [f"http://{host}:{metrics_port + r}/metrics" for r in range(procs)]
         self._fetch = fetch
-        self._last: dict[int, dict[str, Any]] = {}
+        self._last: dict[int, RankRecord] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(1, procs), thread_name_prefix="podranks")
         self._finished = False
@@ -124,21 +101,20 @@ class PodRanks:
                 if record is not None:
                     self._last[local_rank] = record
                 elif local_rank in self._last:
-                    self._last[local_rank] = {**self._last[local_rank], "answered": False}
-            document: dict[str, Any] = {"ranks": [self._last[r] for r in sorted(self._last)]}
-            if self._finished:
-                document["finished"] = True
-            return document
+                    self._last[local_rank] = dataclasses.replace(self._last[local_rank],
+                                                                 answered=False)
+            return wire_ranks.document([self._last[r] for r in sorted(self._last)],
+                                  finished=self._finished)
 
 
 MAX_BODY_BYTES = 65536
 """Largest request body the endpoint reads (a verdict names at most 64 pods)."""
 
 
-def accept_verdict(verdicts: podloss.VerdictBook, body: bytes) -> tuple[int, dict[str, Any]]:
+def accept_verdict(verdicts: VerdictBook, body: bytes) -> tuple[int, dict[str, Any]]:
     """Handle the body of `POST /lost-pods`: (HTTP status, JSON answer)."""
     try:
-        pods = podloss.parse_verdict(json.loads(body))
+        pods = lostpods.parse_verdict(json.loads(body))
     except ValueError as error:  # VerdictError, or not JSON at all
         return 400, {"error": str(error)}
     new = verdicts.record(pods)
@@ -149,7 +125,7 @@ def accept_verdict(verdicts: podloss.VerdictBook, body: bytes) -> tuple[int, dic
 
 
 def serve(ranks: PodRanks, host: str, port: int,
-          verdicts: podloss.VerdictBook | None = None) -> ThreadingHTTPServer:
+          verdicts: VerdictBook | None = None) -> ThreadingHTTPServer:
     """Serve `GET /ranks` (and, given `verdicts`, `POST /lost-pods`) on host:port in a daemon
     thread."""
 
@@ -163,13 +139,13 @@ def serve(ranks: PodRanks, host: str, port: int,
             self.wfile.write(body)
 
         def do_GET(self) -> None:
-            if self.path.split("?")[0] != PATH:
+            if self.path.split("?")[0] != wire_ranks.PATH:
                 self.send_error(404)
                 return
             self._answer(200, ranks.read())
 
         def do_POST(self) -> None:
-            if verdicts is None or self.path.split("?")[0] != podloss.PATH:
+            if verdicts is None or self.path.split("?")[0] != lostpods.PATH:
                 self.send_error(404)
                 return
             try:
@@ -209,13 +185,13 @@ def procs_from_argv(argv: list[str]) -> int | None:
 
 
 def start_from_environment(env: Mapping[str, str], argv: list[str],
-                           verdicts: podloss.VerdictBook | None = None) -> PodRanks | None:
+                           verdicts: VerdictBook | None = None) -> PodRanks | None:
     """Start the pod endpoint when the pod has RTJ_METRICS_HOST/RTJ_METRICS_PORT (the operator
     sets both) and the launcher's worker count is known, and return what it serves; None
     otherwise. Never fails the launcher: a port in use is logged."""
-    host = env.get("RTJ_METRICS_HOST", "")
+    host = env.get(wire_env.METRICS_HOST, "")
     try:
-        base = int(env.get("RTJ_METRICS_PORT", "0"))
+        base = int(env.get(wire_env.METRICS_PORT, "0"))
     except ValueError:
         return None
     procs = procs_from_argv(argv)

@@ -1,10 +1,10 @@
-"""The launcher shim's pool of warm workers (`RTJ_WARM_WORKERS=1`, rtj_trainer.ftlaunch).
+"""The launcher shim's pool of warm workers (`RTJ_WARM_WORKERS=1`, rtj_trainer.launcher).
 
 Why: every worker ft_launcher starts (the first ones, and every restart after a fault) spent
 seconds importing torch, torch._dynamo, torch.distributed and NVRx before its first line of
 training code (5.6 s of a 15.8 s SIGKILL recovery on two H200s, docs/benchmarks.md). The pool
-keeps `size` processes (rtj_trainer.warmworker) that did those imports ahead of time, and the
-worker command becomes a small attach client (rtj_trainer.attach) that hands its worker over to
+keeps `size` processes (rtj_trainer.warm.worker) that did those imports ahead of time, and the
+worker command becomes a small attach client (rtj_trainer.warm.attach) that hands its worker over to
 one of them; a client that finds none ready runs the normal path at once.
 
 One thread (`WarmPool.run`) owns the processes: it starts `size` of them, and another each time
@@ -29,10 +29,10 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
-from . import warmwire
+from ..warm import wire as warmwire
 
 MAX_FAILED_STARTS = 3
-log = logging.getLogger("rtj_trainer.warmpool")
+log = logging.getLogger("rtj_trainer.launcher")
 
 
 @dataclass(slots=True)
@@ -69,7 +69,7 @@ class WarmPool:
         env[warmwire.POOL_DIR_ENV] = self.directory
         try:
             process = subprocess.Popen(
-                [self.python, "-m", "rtj_trainer.warmworker", f"--status-fd={write_fd}"],
+                [self.python, "-m", "rtj_trainer.warm.worker", f"--status-fd={write_fd}"],
                 env=env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
@@ -161,5 +161,5 @@ def switched_on(env: dict[str, str] | os._Environ[str]) -> bool:
     """`RTJ_WARM_WORKERS`: `1` on, `0` or unset off; anything else is an error naming it."""
     value = env.get(warmwire.SWITCH_ENV, "0").strip()
     if value not in ("0", "1"):
-        raise SystemExit(f"ftlaunch: {warmwire.SWITCH_ENV}={value!r}: expected 1 or 0")
+        raise SystemExit(f"launcher: {warmwire.SWITCH_ENV}={value!r}: expected 1 or 0")
     return value == "1"

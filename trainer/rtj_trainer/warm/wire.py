@@ -1,7 +1,7 @@
-"""What the attach client (rtj_trainer.attach), the warm worker (rtj_trainer.warmworker) and the
-launcher shim's pool (rtj_trainer.warmpool) agree on: the pool directory's file names, the
-messages on a warm worker's socket, the argv rewrite and the mapping of a warm worker's end to the
-client's exit. Standard library only and free of side effects: the attach client imports it, and
+"""What the attach client (rtj_trainer.warm.attach), the warm worker (rtj_trainer.warm.worker) and
+the launcher shim's pool (rtj_trainer.launcher.warmpool) agree on: the pool directory's file names,
+the messages on a warm worker's socket, the argv rewrite and the mapping of a warm worker's end to
+the client's exit. Standard library only and free of side effects: the attach client imports it, and
 its import must stay in the tens of milliseconds (no torch anywhere on the path).
 
 **The pool directory** (`POOL_DIR_ENV`, a private directory of mode 0700 made by the shim). A
@@ -30,14 +30,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-POOL_DIR_ENV = "RTJ_WARM_POOL_DIR"
+from rtj_wire import env
+
+POOL_DIR_ENV = env.WARM_POOL_DIR
 """Set by the launcher shim for its workers: where the warm workers listen."""
-SWITCH_ENV = "RTJ_WARM_WORKERS"
+SWITCH_ENV = env.WARM_WORKERS
 """`1` or `0`, read by the launcher shim: start workers from a pool of warm processes."""
 SOCKET_PREFIX = "warm-"
 SOCKET_SUFFIX = ".sock"
 WORKER_MODULE = "rtj_trainer"
-ATTACH_MODULE = "rtj_trainer.attach"
+ATTACH_MODULE = "rtj_trainer.warm.attach"
 MAX_MESSAGE_BYTES = 16 << 20
 """A request carries the worker's environment; anything larger is not one of ours."""
 _LENGTH = struct.Struct(">I")
@@ -135,7 +137,7 @@ class Decoder:
 
 def attach_argv(launcher_args: Sequence[str]) -> tuple[list[str], str] | None:
     """ft_launcher's arguments with the worker command `<python> -m rtj_trainer ...` (after
-    `--no-python`) turned into `<python> -m rtj_trainer.attach ...`, and that python; None when
+    `--no-python`) turned into `<python> -m rtj_trainer.warm.attach ...`, and that python; None when
     the arguments hold no such worker command (warm workers then do not apply)."""
     args = list(launcher_args)
     try:

@@ -1,4 +1,4 @@
-"""The launcher shim's patches of NVRx (rtj_trainer.ftlaunch): the rank monitor and the
+"""The launcher shim's patches of NVRx (rtj_trainer.nvrx.launcher): the rank monitor and the
 rendezvous barrier's poll for the next round."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from nvidia_resiliency_ext.fault_tolerance.rank_monitor_state_machine import (
     RankMonitorState,
     RankMonitorStateMachine,
 )
-from rtj_trainer.ftlaunch import reset_aborted_rank_monitors
+from rtj_trainer.nvrx.launcher import reset_aborted_rank_monitors
 
 pytestmark = pytest.mark.unit
 
@@ -72,7 +72,7 @@ def test_the_same_cycle_announced_again_does_not_clear_an_abort() -> None:
 
 
 def test_the_workers_finish_a_peer_stop_while_every_exited_one_exited_95() -> None:
-    from rtj_trainer.ftlaunch import peer_stop_under_way
+    from rtj_trainer.nvrx.launcher import peer_stop_under_way
 
     assert peer_stop_under_way([95, None])  # one left, the other still leaving the wrapper
     assert peer_stop_under_way([None, 95, 95, None])
@@ -85,7 +85,7 @@ def test_the_workers_finish_a_peer_stop_while_every_exited_one_exited_95() -> No
 
 def test_a_broken_store_connection_counts_as_a_lost_store_wherever_it_is_in_the_chain() -> None:
     import torch.distributed as dist
-    from rtj_trainer.ftlaunch import lost_the_store
+    from rtj_trainer.nvrx.launcher import lost_the_store
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
@@ -103,7 +103,7 @@ def test_a_broken_store_connection_counts_as_a_lost_store_wherever_it_is_in_the_
 def test_sigterm_is_ignored_only_inside_the_wait_for_a_stop() -> None:
     import signal
 
-    from rtj_trainer.ftlaunch import sigterm_ignored
+    from rtj_trainer.nvrx.launcher import sigterm_ignored
 
     before = signal.getsignal(signal.SIGTERM)
     with sigterm_ignored():
@@ -131,7 +131,7 @@ def launcher_at_round(store: FakeStore, round_: int) -> SimpleNamespace:
 
 
 def test_a_round_opened_for_a_peers_stop_is_marked_for_every_launcher_to_see() -> None:
-    from rtj_trainer.ftlaunch import is_peer_stop_round, mark_peer_stop_round
+    from rtj_trainer.nvrx.launcher import is_peer_stop_round, mark_peer_stop_round
 
     store = FakeStore()
     first = launcher_at_round(store, 3)  # three rounds done: it is about to open round 3
@@ -142,7 +142,7 @@ def test_a_round_opened_for_a_peers_stop_is_marked_for_every_launcher_to_see() -
 
 
 def test_a_launcher_that_starts_later_adds_back_every_round_opened_for_a_peers_stop() -> None:
-    from rtj_trainer.ftlaunch import mark_peer_stop_round, peer_stop_rounds_so_far
+    from rtj_trainer.nvrx.launcher import mark_peer_stop_round, peer_stop_rounds_so_far
 
     store = FakeStore()
     for round_ in (1, 4):  # two evictions; rounds 2 and 3 were faults
@@ -153,7 +153,7 @@ def test_a_launcher_that_starts_later_adds_back_every_round_opened_for_a_peers_s
 
 
 def test_without_the_barrier_rendezvous_nothing_is_marked_or_refunded() -> None:
-    from rtj_trainer.ftlaunch import (
+    from rtj_trainer.nvrx.launcher import (
         is_peer_stop_round,
         mark_peer_stop_round,
         peer_stop_rounds_so_far,
@@ -167,7 +167,7 @@ def test_without_the_barrier_rendezvous_nothing_is_marked_or_refunded() -> None:
 def test_the_shim_refunds_a_restart_into_a_peer_stop_round_and_only_that_one() -> None:
     """The patched agent methods, on a stand-in agent: the restart decision of a round marked
     for a peer's stop leaves the restarts left unchanged; a fault's decision spends one."""
-    from rtj_trainer.ftlaunch import _install_peer_stop_refunds, mark_peer_stop_round
+    from rtj_trainer.nvrx.launcher import _install_peer_stop_refunds, mark_peer_stop_round
 
     class Agent:
         def _handle_restart_decision(self, role: str, spec: object, log_msg: str,
@@ -201,7 +201,7 @@ def test_the_wait_for_the_next_rendezvous_round_polls_five_times_a_second(
     import time
 
     from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier
-    from rtj_trainer import ftlaunch
+    from rtj_trainer.nvrx import launcher as ftlaunch
 
     # The two polls the patch is for are NVRx's only 1 s sleeps in that module.
     source = inspect.getsource(ft_rendezvous_barrier)

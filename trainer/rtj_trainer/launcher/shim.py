@@ -1,0 +1,181 @@
+"""`python -m rtj_trainer.launcher [--rtj-...] <ft_launcher arguments>`: NVRx's ft_launcher (0.7.0)
+with the additions below (the NVRx patches that make them: rtj_trainer.nvrx.launcher). Every trainer
+pod runs it (and trainer/scripts/train-local.sh).
+
+**Worker exit codes that must not be retried.** ft_launcher restarts its workers whatever code
+they exited with: a worker cannot stop the restarts. With `--rtj-non-retryable-exit-codes=94,3`
+(the operator passes `rtj_trainer.errors.FATAL_EXIT_CODE` and the job's
+`faultTolerance.nonRetryableExitCodes`), a launcher whose worker exited with one of these codes
+does what NVRx does for its own "do not restart" verdicts: it records the stop in the rendezvous
+store and opens the next round (`signal_no_restart`), stops its workers and exits with
+ft_launcher's no-restart code (`--ft-no-restart-exit-code`, 93); every other launcher of the job
+sees the stop at its next poll and exits 93 as well. The reason string is added to NVRx's set of
+no-restart reasons in each launcher process (they all run this shim). When no worker wrote the
+pod's termination message (rtj_trainer.termination), the shim writes one naming the worker's
+exit code, so the operator learns the worker's code, not only the launcher's 93.
+
+**A short exit barrier, for jobs with warm spares** (`--rtj-exit-barrier-timeout=5`). When every
+worker of a launcher has finished, torchelastic's agent waits in an exit barrier for every other
+launcher of the rendezvous round (`exit_barrier_timeout`, 300 s, not a command-line flag). After a
+spare took over a lost pod inside the running processes, the lost pod's launcher never arrives
+there, so every surviving pod would stay Running five minutes after the job finished. The barrier
+only keeps a store-hosting launcher alive for the others; our store lives in the rendezvous pod
+(nvrx-control), so a short wait loses nothing.
+
+**Checkpoint now, then stop, when the pod is ended** (always on). On SIGTERM (the kubelet ending
+the pod: a suspend, preemption, deletion or drain) ft_launcher stops its workers with the same
+signal and SIGKILLs them after `--term-timeout`. The shim sends them
+`rtj_trainer.stop.STOP_SIGNAL` (SIGUSR2) instead, to each worker process only (not its process
+group: the worker's checkpoint writer must outlive the signal), and waits up to `--term-timeout`
+for them to commit a checkpoint of their current step and exit (rtj_trainer.stop); whatever is
+left then gets ft_launcher's own SIGTERM and SIGKILL. A second SIGTERM meanwhile (the operator
+deleting a pod that is already stopping) does not cut the wait short. The same happens when the
+launcher loses the rendezvous store (its pod evicted, or lost): the launcher cannot go on, but
+its workers are healthy and their process group needs no store, so they checkpoint their current
+step first. Stopping workers to restart them after a fault is unchanged (SIGTERM: they die at
+once).
+
+**Letting the local workers finish a stop.** When another pod's workers were asked to stop, every
+rank stops at the same step and this pod's workers exit with `PEER_STOPPED_EXIT_CODE` (95), one
+after the other. ft_launcher would restart the worker group as soon as the first one exits and
+SIGTERM the others while they leave NVRx's in-process wrapper, where rank 0 then waits for them
+(its termination barrier) until its own pod is killed. So while every worker that has exited
+exited 95 and others still run, the shim reports the group healthy for up to
+`PEER_STOP_WAIT_SECONDS`, and the others exit by themselves first.
+
+**A peer's stop spends no launcher restart.** ft_launcher's `--max-restarts` counts rendezvous
+rounds, job-wide: each launcher restarts its workers at most that many times, and a launcher
+that starts later (a replaced pod) starts with `--max-restarts` minus the rounds already done.
+A round opened because another pod was evicted (every local worker exited 95) is not a fault:
+the launcher that first sees it marks the round in the rendezvous store before it opens it
+(`mark_peer_stop_round`), every launcher that restarts into that round gets the restart back,
+and a launcher starting later adds back the rounds marked so far, so every launcher keeps the
+same count. Only a worker group that stopped entirely with 95 marks a round: a real failure
+among them spends the restart as before.
+
+**Warm workers** (`RTJ_WARM_WORKERS=1`; the operator sets it from `faultTolerance.warmWorkers`).
+Before anything heavy is imported here, the shim starts a pool of pre-imported worker processes
+(rtj_trainer.launcher.warmpool) and turns the worker command `<python> -m rtj_trainer ...` into the
+attach client `<python> -m rtj_trainer.warm.attach ...`, which hands each worker over to one of them
+(docs/trainer.md, "Warm workers"). ft_launcher still starts, signals and waits for the client.
+
+**The pod's liveness endpoint.** The shim also serves `GET /ranks` on
+RTJ_METRICS_HOST:(RTJ_METRICS_PORT - 1): every local rank's heartbeat, step and counters in one
+small JSON document (rtj_trainer.launcher.podmetrics), so the operator reads one endpoint per pod,
+not one per rank. On the same port it takes the operator's verdicts on lost peer pods (`POST
+/lost-pods`) and keeps them in a pod-local file (RTJ_LOST_PODS_FILE, exported to its workers), from
+which the workers tell NVRx's in-process wrapper at once (rtj_trainer.podloss). When every local
+worker exited 0 the shim marks the pod finished there (`"finished": true`), before the launcher
+enters the exit barrier: its ranks' heartbeats stop because training is done, and the
+operator must not take the barrier's wait for a hang.
+"""
+
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import sys
+from collections.abc import MutableMapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import termination
+from ..nvrx import launcher as nvrx_launcher
+from ..warm import wire as warmwire
+from . import podmetrics, verdicts, warmpool
+
+NON_RETRYABLE_FLAG = "--rtj-non-retryable-exit-codes="
+EXIT_BARRIER_FLAG = "--rtj-exit-barrier-timeout="
+
+log = logging.getLogger("rtj_trainer.launcher")
+
+
+@dataclass(frozen=True, slots=True)
+class ShimOptions:
+    non_retryable: frozenset[int] = field(default_factory=frozenset)
+    exit_barrier_timeout: float | None = None
+
+
+def split_argv(argv: Sequence[str]) -> tuple[ShimOptions, list[str]]:
+    """The shim's own leading `--rtj-*` flags, and ft_launcher's arguments after them."""
+    codes: set[int] = set()
+    barrier: float | None = None
+    rest = list(argv)
+    while rest and rest[0].startswith("--rtj-"):
+        flag = rest.pop(0)
+        if flag.startswith(NON_RETRYABLE_FLAG):
+            value = flag.removeprefix(NON_RETRYABLE_FLAG)
+            try:
+                codes.update(int(code) for code in value.split(",") if code.strip())
+            except ValueError:
+                raise SystemExit(f"launcher: {flag}: expected comma-separated integers") from None
+        elif flag.startswith(EXIT_BARRIER_FLAG):
+            try:
+                barrier = float(flag.removeprefix(EXIT_BARRIER_FLAG))
+            except ValueError:
+                raise SystemExit(f"launcher: {flag}: expected seconds") from None
+        else:
+            raise SystemExit(f"launcher: unknown option {flag}")
+    return ShimOptions(frozenset(codes), barrier), rest
+
+
+def record_termination(failed: list[tuple[int, int]]) -> None:
+    """Write the pod's termination message naming the first non-retryable worker exit, unless a
+    worker already wrote one."""
+    path = termination.configured_path()
+    if path is None or termination.is_written(path):
+        return
+    rank, code = failed[0]
+    try:
+        termination.write(path, termination.TerminationMessage(
+            outcome=termination.FAILED, reason="NonRetryableExitCode",
+            message=f"worker rank {rank} exited with code {code}, which is not retryable",
+            exit_code=code,
+        ))
+    except OSError as exc:
+        log.error("cannot write the termination message %s: %s", path, exc)
+
+
+def start_warm_workers(launcher_args: list[str]) -> list[str]:
+    """With `RTJ_WARM_WORKERS=1`: start the pool of warm workers (rtj_trainer.launcher.warmpool) and
+    return ft_launcher's arguments with the worker command turned into the attach client; else
+    (or when the worker command is not `<python> -m rtj_trainer`) the arguments unchanged."""
+    if not warmpool.switched_on(os.environ):
+        return launcher_args
+    rewritten = warmwire.attach_argv(launcher_args)
+    if rewritten is None:
+        log.warning("%s=1 but the worker command is not `<python> -m %s`: no warm workers",
+                    warmwire.SWITCH_ENV, warmwire.WORKER_MODULE)
+        return launcher_args
+    args, python = rewritten
+    pool = warmpool.WarmPool(shutil.which(python) or python, warmpool.pool_size(launcher_args))
+    os.environ[warmwire.POOL_DIR_ENV] = pool.directory  # torchelastic passes it to the workers
+    atexit.register(pool.close)
+    pool.start()
+    log.warning("warm workers: a pool of %d in %s", pool.size, pool.directory)
+    return args
+
+
+def verdict_book(env: MutableMapping[str, str]) -> verdicts.VerdictBook:
+    """The shim's book of the operator's verdicts on lost pods, at RTJ_LOST_PODS_FILE or a new
+    pod-local file; the variable is set in `env` so that the workers find the file."""
+    path = Path(env.get(verdicts.FILE_ENV) or verdicts.default_file())
+    env[verdicts.FILE_ENV] = str(path)
+    return verdicts.VerdictBook(path, own_uid=env.get("POD_UID", ""))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options, rest = split_argv(sys.argv[1:] if argv is None else argv)
+    pod = podmetrics.start_from_environment(os.environ, rest, verdict_book(os.environ))
+    rest = start_warm_workers(rest)  # first: their imports overlap the launcher's own
+    nvrx_launcher.install(
+        non_retryable=options.non_retryable,
+        exit_barrier_timeout=options.exit_barrier_timeout,
+        on_finished=pod.mark_finished if pod is not None else None,
+        on_non_retryable=record_termination,
+    )
+    nvrx_launcher.run(rest)  # exits with ft_launcher's own exit code
+    return 0
