@@ -55,7 +55,7 @@ Each rule has its own module; `decide` below is the one place that states their 
   progress timeouts);
 - `recovery.py`: rule 7, recovering (budgets, rank restart, full restart) and failing the job;
 - `status.py`: the status every rule ends with (conditions, incidents, progress, goodput);
-- `state.py`: the working state of a pass (`_Pass`), `Memory`, `Decision`, `DetectedFault`.
+- `state.py`: the working state of a pass (`Pass`), `Memory`, `Decision`, `DetectedFault`.
 
 The decision returns the status as a `ResilientTrainingJobStatus`, its actions (`intents`) and
 its Events apart; `reconcile` applies the actions, writes the status and posts the Events.
@@ -76,7 +76,7 @@ from rtj_operator.decisions.liveness import (
     mark_unresponsive,
     observe_ranks,
 )
-from rtj_operator.decisions.state import Decision, DetectedFault, Memory, _Pass
+from rtj_operator.decisions.state import Decision, DetectedFault, Memory, Pass
 from rtj_operator.decisions.status import OPERATOR_ACTIONS, invalid_spec, with_refusals
 from rtj_operator.observed import Observed, QueueView, RankLiveness
 from rtj_operator.podplan import PodPlan
@@ -122,7 +122,7 @@ def _decide(
     settings: OperatorSettings,
 ) -> Decision:
     """Rules 1-8."""
-    p = _Pass(job=job, plan=plan, observed=observed, liveness=liveness, now=now, memory=memory,
+    p = Pass(job=job, plan=plan, observed=observed, liveness=liveness, now=now, memory=memory,
               settings=settings)
     lost_pods(p)  # pods on lost nodes are force-deleted by whichever rule deletes them
     if p.prev.state in (JobState.SUCCEEDED, JobState.FAILED):

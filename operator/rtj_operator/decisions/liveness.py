@@ -48,7 +48,7 @@ from datetime import datetime, timedelta
 
 from rtj_operator import naming
 from rtj_operator.api.status import ConditionType, IncidentCause, RankState
-from rtj_operator.decisions.state import DetectedFault, _Pass, from_unix, iso
+from rtj_operator.decisions.state import DetectedFault, Pass, from_unix, iso
 from rtj_operator.launcher import NO_RESTART_EXIT_CODE
 from rtj_operator.observed import NodeLiveness, PodView
 
@@ -72,7 +72,7 @@ def completed_step(node: NodeLiveness) -> int | None:
 # --- rule 7: faults -----------------------------------------------------------------------------
 
 
-def _node_heartbeat(p: _Pass, index: int) -> datetime | None:
+def _node_heartbeat(p: Pass, index: int) -> datetime | None:
     """The node's newest known heartbeat: scraped now, else what status remembers."""
     node = p.liveness.get(index)
     pod = p.observed.trainer_pods.get(index)
@@ -86,7 +86,7 @@ def _node_heartbeat(p: _Pass, index: int) -> datetime | None:
     return None
 
 
-def _node_liveness(p: _Pass, index: int) -> NodeLiveness | None:
+def _node_liveness(p: Pass, index: int) -> NodeLiveness | None:
     node = p.liveness.get(index)
     pod = p.observed.trainer_pods.get(index)
     if node is None or pod is None or node.pod_uid != pod.uid:
@@ -94,7 +94,7 @@ def _node_liveness(p: _Pass, index: int) -> NodeLiveness | None:
     return node
 
 
-def finishing(p: _Pass, index: int) -> bool:
+def finishing(p: Pass, index: int) -> bool:
     """The pod runs, but its launcher reports that every local worker exited 0: its training is
     done and the launcher waits in torchelastic's exit barrier for the others (5 s in a job
     with spares). Its heartbeats stopped for that reason: it is neither hung nor stale."""
@@ -104,14 +104,14 @@ def finishing(p: _Pass, index: int) -> bool:
             and node is not None and node.finished)
 
 
-def training_finished(p: _Pass, index: int) -> bool:
+def training_finished(p: Pass, index: int) -> bool:
     """The pod finished its training: it exited 0 at the end of training (not a stop), or it
     is `finishing`."""
     pod = p.observed.trainer_pods.get(index)
     return pod is not None and (pod.completed_training or finishing(p, index))
 
 
-def training_done(p: _Pass) -> bool:
+def training_done(p: Pass) -> bool:
     """Every rank of the job finished its training and committed its final checkpoint: a trainer
     pod said `Succeeded` in its termination message, or its launcher reports that every local
     worker exited 0 (`finishing`). The trainer gets there only past its end-of-training barrier,
@@ -135,7 +135,7 @@ BENIGN_WAITING = frozenset({"ContainerCreating", "PodInitializing"})
 """Reasons a container waits that are a normal part of starting (not shown at once)."""
 
 
-def _read_moment(p: _Pass, index: int) -> datetime:
+def _read_moment(p: Pass, index: int) -> datetime:
     """When what the pass knows of the pod's heartbeat was read: its liveness read's own time
     (a pass may reuse a read from a moment ago), else the pass's clock. A heartbeat's age is
     measured at its read: an old read never makes a heartbeat look staler than it was."""
@@ -145,20 +145,20 @@ def _read_moment(p: _Pass, index: int) -> datetime:
     return p.now
 
 
-def _fresh(p: _Pass, index: int, beat: datetime) -> bool:
+def _fresh(p: Pass, index: int, beat: datetime) -> bool:
     """Whether heartbeat `beat` of the pod was younger than heartbeatTimeoutSeconds when it was
     read."""
     limit = timedelta(seconds=p.spec.fault_tolerance.heartbeat_timeout_seconds)
     return _read_moment(p, index) - beat <= limit
 
 
-def _beating(p: _Pass, index: int) -> bool:
+def _beating(p: Pass, index: int) -> bool:
     """Whether the pod's newest heartbeat is younger than heartbeatTimeoutSeconds."""
     beat = _node_heartbeat(p, index)
     return beat is not None and _fresh(p, index, beat)
 
 
-def lost_pods(p: _Pass) -> None:
+def lost_pods(p: Pass) -> None:
     """Record (`p.lost`) the pods that are safe to force-delete: a trainer pod on a lost node
     whose heartbeats stopped (a pod that still answers with heartbeats is still running, and a
     second pod of its name would join the job beside it), and the rendezvous pod on a lost node
@@ -177,7 +177,7 @@ def lost_pods(p: _Pass) -> None:
         p.lost[rendezvous.uid] = rendezvous.node_name or ""
 
 
-def _pod_clock(p: _Pass, index: int) -> datetime | None:
+def _pod_clock(p: Pass, index: int) -> datetime | None:
     """When the pod's heartbeat timeout starts counting: the latest of its own (re)start, the
     start of every other training pod that runs (its workers wait for theirs), the rendezvous
     pod's start and the last recovery. None while the pod or the rendezvous pod is not
@@ -192,7 +192,7 @@ def _pod_clock(p: _Pass, index: int) -> datetime | None:
     return max(moments) if moments else None
 
 
-def _shared_clock(p: _Pass) -> datetime | None:
+def _shared_clock(p: Pass) -> datetime | None:
     """The part of every pod's clock that does not depend on the pod: the latest start of the
     training (not standby) pods that run, the rendezvous pod's start and the last recovery.
     Computed once per pass (`_pod_clock` runs for every pod, several times): again only when
@@ -213,7 +213,7 @@ def _shared_clock(p: _Pass) -> datetime | None:
     return clock
 
 
-def _starting_peer(p: _Pass) -> int | None:
+def _starting_peer(p: Pass) -> int | None:
     """An active pod that is Pending within podStartTimeoutSeconds of its creation, if any.
     Every launcher waits for it in the rendezvous, so the others send no heartbeats meanwhile:
     their heartbeat timeouts wait, for at most podStartTimeoutSeconds (then the Pending pod is
@@ -228,7 +228,7 @@ def _starting_peer(p: _Pass) -> int | None:
     return None
 
 
-def _clock_start(p: _Pass) -> datetime | None:
+def _clock_start(p: Pass) -> datetime | None:
     """When every trainer pod was last (re)started or the last recovery began: the reference
     from which the job-wide progress timeout counts. None while some active pod or the
     rendezvous pod is not running (the job's slowest step means nothing then); heartbeat
@@ -249,7 +249,7 @@ def _clock_start(p: _Pass) -> datetime | None:
     return max(moments) if moments else None
 
 
-def _standby(p: _Pass, index: int, node: NodeLiveness | None) -> bool:
+def _standby(p: Pass, index: int, node: NodeLiveness | None) -> bool:
     """Whether the pod trains nothing now: its every rank says it is a warm spare, or it is a
     replacement still waiting for the next launcher round (no worker answers yet; once its
     ranks answer, it joined a round and is no longer waiting)."""
@@ -262,7 +262,7 @@ def _standby(p: _Pass, index: int, node: NodeLiveness | None) -> bool:
     return answered and node is not None and all(sample.standby for sample in node.samples)
 
 
-def observe_ranks(p: _Pass) -> None:
+def observe_ranks(p: Pass) -> None:
     """Fill ranks[] from the pods and the scraped metrics."""
     for index in range(p.pods):
         pod = p.observed.trainer_pods.get(index)
@@ -323,7 +323,7 @@ class Silence:
         return bool(self.silent) and not self.outage and self.stuck
 
 
-def silence(p: _Pass) -> Silence:
+def silence(p: Pass) -> Silence:
     """Sort the job's pods that could hang in this pass into silent and answering ones."""
     starting = _starting_peer(p)
     silent: list[int] = []
@@ -344,7 +344,7 @@ def silence(p: _Pass) -> Silence:
     return Silence(tuple(silent), tuple(answering), outage, stuck)
 
 
-def _silent_for(p: _Pass, index: int) -> timedelta:
+def _silent_for(p: Pass, index: int) -> timedelta:
     """How long the pod has been silent, counted from its clock at the earliest."""
     pod = p.observed.trainer_pods[index]
     clock = _pod_clock(p, index)
@@ -354,7 +354,7 @@ def _silent_for(p: _Pass, index: int) -> timedelta:
     return p.now - since
 
 
-def degraded_observation(p: _Pass) -> str | None:
+def degraded_observation(p: Pass) -> str | None:
     """Why observation is degraded: running pods whose liveness could not be read for longer
     than heartbeatTimeoutSeconds, when that silence is no evidence against them (`Silence`:
     an outage, or a job that trains on without them being read); None when every pod could
@@ -373,7 +373,7 @@ def degraded_observation(p: _Pass) -> str | None:
             f"{shown}; a pod is declared hung only on its own stale heartbeat")
 
 
-def mark_unresponsive(p: _Pass) -> None:
+def mark_unresponsive(p: Pass) -> None:
     """Publish a stale heartbeat as soon as it is one (rule 7, detection): a pod that answers,
     whose clock counts (`silence`) and whose ranks' newest heartbeat since that clock was older
     than heartbeatTimeoutSeconds when it was read, is `Unresponsive` (with `unresponsiveSince`)
@@ -413,7 +413,7 @@ def mark_unresponsive(p: _Pass) -> None:
                     f"Pod {rank.pod}: its ranks send heartbeats again")
 
 
-def heartbeat_deadlines(p: _Pass) -> dict[int, datetime]:
+def heartbeat_deadlines(p: Pass) -> dict[int, datetime]:
     """For each pod that answers and whose clock counts, the next moment its heartbeat verdict
     changes if its heartbeat stays where it is: it turns `Unresponsive` after newest heartbeat +
     heartbeatTimeoutSeconds, and is hung after that + initialHeartbeatTimeoutSeconds (or, with no
@@ -440,7 +440,7 @@ def heartbeat_deadlines(p: _Pass) -> dict[int, datetime]:
     return deadlines
 
 
-def _lost_node_fault(p: _Pass, index: int, pod: PodView) -> DetectedFault:
+def _lost_node_fault(p: Pass, index: int, pod: PodView) -> DetectedFault:
     beat = _node_heartbeat(p, index)
     seen = f"since {iso(beat)}" if beat is not None else "ever"
     return DetectedFault(
@@ -451,7 +451,7 @@ def _lost_node_fault(p: _Pass, index: int, pod: PodView) -> DetectedFault:
     )
 
 
-def _not_starting(p: _Pass, pod: PodView, index: int | None) -> DetectedFault | None:
+def _not_starting(p: Pass, pod: PodView, index: int | None) -> DetectedFault | None:
     """Record why a Pending pod does not start (shown at once in the PodsNotStarting
     condition); past podStartTimeoutSeconds from its creation it is a fault."""
     if pod.phase != "Pending" or pod.deleting:
@@ -479,7 +479,7 @@ PEER_VERDICT_GRACE = timedelta(seconds=15)
 """How long a launcher's bare no-restart exit waits for the pod that caused it to report."""
 
 
-def following_a_peer(p: _Pass, pod: PodView) -> bool:
+def following_a_peer(p: Pass, pod: PodView) -> bool:
     """A launcher that exited 93 without a message of its own stopped because another launcher
     of the job said "do not restart" (rtj_trainer.ftlaunch): the reason is in that pod's
     termination message, which may reach the API a moment later. While another trainer pod has
@@ -492,7 +492,7 @@ def following_a_peer(p: _Pass, pod: PodView) -> bool:
                for other in p.observed.trainer_pods.values() if other is not pod)
 
 
-def _closed_after_training(p: _Pass, rendezvous: PodView | None) -> bool:
+def _closed_after_training(p: Pass, rendezvous: PodView | None) -> bool:
     """The rendezvous pod exited 0 after a trainer pod completed its training (exit 0, not a
     stop, or `finishing`): a launcher whose workers finished closes the rendezvous for good and
     nvrx-control then exits, while the other launchers may still wait in torchelastic's exit
@@ -503,7 +503,7 @@ def _closed_after_training(p: _Pass, rendezvous: PodView | None) -> bool:
     return any(training_finished(p, index) for index in p.observed.trainer_pods)
 
 
-def find_faults(p: _Pass) -> list[DetectedFault]:
+def find_faults(p: Pass) -> list[DetectedFault]:
     if training_done(p):
         # Nothing is left to recover: a pod lost now is finished by rule 6 (completion), and
         # a lost rendezvous only ends the exit barrier early.
@@ -577,7 +577,7 @@ def find_faults(p: _Pass) -> list[DetectedFault]:
     return faults
 
 
-def _eviction(p: _Pass, index: int, pod: PodView) -> DetectedFault:
+def _eviction(p: Pass, index: int, pod: PodView) -> DetectedFault:
     """A trainer pod a voluntary disruption ends (a drain's eviction, the scheduler's
     preemption): not a fault of the pod or its node."""
     where = f" from node {pod.node_name}" if pod.node_name else ""
@@ -589,7 +589,7 @@ def _eviction(p: _Pass, index: int, pod: PodView) -> DetectedFault:
     )
 
 
-def _evicted_before_seen(p: _Pass, index: int) -> PodView | None:
+def _evicted_before_seen(p: Pass, index: int) -> PodView | None:
     """The pod of `index` the pod watch saw evicted, when it went away before a pass saw it
     deleting: the same attempt the status shows, so an older eviction never counts."""
     previous = p.prev_ranks.get(index)
@@ -608,7 +608,7 @@ RENDEZVOUS_EVICTION_SEEN_SECONDS = 120
 rendezvous pod is gone (its pods carry no attempt to match, unlike trainer pods)."""
 
 
-def _rendezvous_eviction(p: _Pass) -> DetectedFault | None:
+def _rendezvous_eviction(p: Pass) -> DetectedFault | None:
     """The rendezvous pod was evicted (Terminating with a voluntary `DisruptionTarget`, or gone
     while the pod watch saw it evicted recently) and this is not being recovered from yet:
     every pod is replaced, without spending a budget."""
@@ -640,7 +640,7 @@ def _rendezvous_eviction(p: _Pass) -> DetectedFault | None:
     )
 
 
-def _liveness_faults(p: _Pass) -> list[DetectedFault]:
+def _liveness_faults(p: Pass) -> list[DetectedFault]:
     """Hangs: no heartbeat (per pod), or no progress although every rank sends heartbeats."""
     ft = p.spec.fault_tolerance
     hang_after = timedelta(

@@ -1,7 +1,7 @@
-"""The working state of one decision: what a pass has seen and decided so far (`_Pass`), what it
+"""The working state of one decision: what a pass has seen and decided so far (`Pass`), what it
 hands to the next pass (`Memory`), what it returns (`Decision`) and the faults it found.
 
-Every rule module takes the one `_Pass` of the call (`p`) and records into it; only `decide`
+Every rule module takes the one `Pass` of the call (`p`) and records into it; only `decide`
 (in `__init__.py`) creates one.
 """
 
@@ -114,7 +114,7 @@ def _records(status: ResilientTrainingJobStatus) -> dict[RecoveryAction, list[da
             for action in BUDGETED}
 
 
-class _Pass:
+class Pass:
     """The working state of one call to `decide`: what it has seen and decided so far."""
 
     def __init__(
