@@ -4,7 +4,7 @@
 `RankLiveness` from the trainers' metrics endpoints, and `decisions.decide` reads only these
 records, never the Kubernetes client: that is what lets the decision table be unit-tested without
 a cluster. They hold observations only; what they mean (the oldest heartbeat of a pod, the step
-all its ranks completed) is decided in `decisions/liveness.py`.
+all its ranks completed) is decided in `decisions/hangs.py`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `decide(job, plan, observed, liveness, now, memory, settings)` returns the actions of one reconcile
 pass (create or delete children, post Events, delete a finished job) and the job's complete new
 status. It reads no clock, no cluster and no network, so every rule below is pinned by the
-table-driven tests in tests/unit/decisions/.
+table-driven tests in tests/unit/test_decisions_*.py (built with tests/unit/decisions_builders.py).
 
 The rules, in the order a pass applies them:
 
@@ -51,11 +51,17 @@ Each rule has its own module; `decide` below is the one place that states their 
 - `queueing.py`: rule 0, Kueue;
 - `lifecycle.py`: rules 1-6 and 8 (finished, Services and claim, suspend, deadline, exit codes,
   completion, create);
-- `liveness.py`: rule 7, finding faults (ranks from the pods and the scrapes, heartbeat and
-  progress timeouts);
+- `podfaults.py`: rule 7, finding the faults of the pods (failed, vanished, deleted, evicted,
+  on a lost node, not starting; the rendezvous pod lost), then the hangs;
+- `hangs.py`: rule 7, the ranks from the pods and the scrapes, and the hangs in them (heartbeat
+  and progress timeouts, degraded observation);
 - `recovery.py`: rule 7, recovering (budgets, rank restart, full restart) and failing the job;
+- `stops.py`: `status.lastStop`, what the trainers asked to stop committed before they stopped;
 - `status.py`: the status every rule ends with (conditions, incidents, progress, goodput);
 - `state.py`: the working state of a pass (`Pass`), `Memory`, `Decision`, `DetectedFault`.
+
+Not a rule of `decide`: `podloss.py` decides, from one pod's watch event, which other trainer
+pods to tell at once that the pod is lost (`handlers.announce_pod_loss`).
 
 The decision returns the status as a `ResilientTrainingJobStatus`, its actions (`intents`) and
 its Events apart; `reconcile` applies the actions, writes the status and posts the Events.
@@ -69,13 +75,8 @@ from rtj_operator.api.models import ResilientTrainingJob
 from rtj_operator.api.status import JobState, ResilientTrainingJobStatus
 from rtj_operator.config import OperatorSettings
 from rtj_operator.decisions import lifecycle, queueing, recovery, status
-from rtj_operator.decisions.liveness import (
-    find_faults,
-    heartbeat_deadlines,
-    lost_pods,
-    mark_unresponsive,
-    observe_ranks,
-)
+from rtj_operator.decisions.hangs import heartbeat_deadlines, mark_unresponsive, observe_ranks
+from rtj_operator.decisions.podfaults import find_faults, lost_pods
 from rtj_operator.decisions.state import Decision, DetectedFault, Memory, Pass
 from rtj_operator.decisions.status import OPERATOR_ACTIONS, invalid_spec, with_refusals
 from rtj_operator.observed import Observed, QueueView, RankLiveness

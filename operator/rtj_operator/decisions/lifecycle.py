@@ -2,7 +2,7 @@
 suspend and resume (rule 3), the deadline (rule 4), exit codes that must not be retried
 (rule 5), completion (rule 6) and creating what is missing (rule 8).
 
-Faults and their recovery (rule 7) are in `liveness.py` and `recovery.py`.
+Faults and their recovery (rule 7) are in `podfaults.py`, `hangs.py` and `recovery.py`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from rtj_operator.api.status import (
     StopReason,
 )
 from rtj_operator.decisions import recovery, status, stops
-from rtj_operator.decisions.liveness import (
+from rtj_operator.decisions.podfaults import (
     failure_reason,
     following_a_peer,
     training_done,

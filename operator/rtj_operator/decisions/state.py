@@ -63,7 +63,7 @@ class Decision:
     recheck: Mapping[int, datetime] = field(default_factory=dict)
     """Per node index, the next moment the pod's heartbeat verdict changes if its heartbeat
     stays where it is (turns Unresponsive, or hung): a read of that pod just after it decides
-    (`liveness.heartbeat_deadlines`). Empty when no pod's heartbeat is being timed."""
+    (`hangs.heartbeat_deadlines`). Empty when no pod's heartbeat is being timed."""
 
     def of_type(self, kind: type) -> list[Any]:
         """The actions of one type, in order (handy for tests)."""
@@ -163,23 +163,23 @@ class Pass:
         self.records = _records(self.prev)
         """When the operator's budgeted restarts happened, per kind (status.restartRecords)."""
         self.standby: set[int] = set()
-        """Pods whose ranks train nothing now: warm spares and `waiting` (liveness.py)."""
+        """Pods whose ranks train nothing now: warm spares and `waiting` (hangs.py)."""
         self.lost: dict[str, str] = {}
         """Pods (by UID) on a lost node whose heartbeats stopped, with the node's name: their
-        deletion is a force delete (liveness.lost_pods)."""
+        deletion is a force delete (podfaults.lost_pods)."""
         self.excluded: list[ExcludedNode] = list(self.prev.excluded_nodes or [])
         """Nodes new trainer pods avoid (status.excludedNodes)."""
         self.unobserved_since: dict[str, datetime] = {}
         """Running pods (by UID) that should send heartbeats but could not be observed, since
-        when (liveness.observe_ranks); never evidence of a hang."""
+        when (hangs.observe_ranks); never evidence of a hang."""
         self.not_starting: list[tuple[str, str, str]] = []
         """Pods that do not start: (pod, reason, message), for the PodsNotStarting condition."""
         self.unresponsive: list[RankStatus] = []
-        """Ranks that turned `Unresponsive` in this pass (liveness.mark_unresponsive)."""
+        """Ranks that turned `Unresponsive` in this pass (hangs.mark_unresponsive)."""
         self.recheck: dict[int, datetime] = {}
-        """When each pod's heartbeat verdict next changes (liveness.heartbeat_deadlines)."""
+        """When each pod's heartbeat verdict next changes (hangs.heartbeat_deadlines)."""
         self.shared_clock: tuple[tuple[int, int], datetime | None] | None = None
-        """`liveness._shared_clock` of this pass, with the (standby, incidents) counts it was
+        """`hangs._shared_clock` of this pass, with the (standby, incidents) counts it was
         computed for."""
 
     def restarts_within(self, action: RecoveryAction, since: datetime) -> int:

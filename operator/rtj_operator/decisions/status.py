@@ -31,7 +31,8 @@ from rtj_operator.api.status import (
     SpareStatus,
 )
 from rtj_operator.decisions import stops
-from rtj_operator.decisions.liveness import degraded_observation, training_finished
+from rtj_operator.decisions.hangs import degraded_observation
+from rtj_operator.decisions.podfaults import training_finished
 from rtj_operator.decisions.state import (
     Decision,
     DetectedFault,
