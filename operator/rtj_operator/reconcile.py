@@ -22,7 +22,18 @@ import kubernetes.client
 import pydantic
 from pydantic.alias_generators import to_camel
 
-from rtj_operator import actions, decisions, kueueapi, metrics, naming, observe, scraping
+from rtj_operator import (
+    actions,
+    decisions,
+    kueueapi,
+    kueueobserve,
+    metrics,
+    naming,
+    observe,
+    scraping,
+    stopmemory,
+    views,
+)
 from rtj_operator.api.models import ResilientTrainingJob, parse_job, parse_status, plain
 from rtj_operator.api.status import ResilientTrainingJobStatus, compact_ranks
 from rtj_operator.config import OperatorSettings, pinned_to_services
@@ -236,8 +247,8 @@ async def _read_liveness(memo: JobMemo, scraper: scraping.Scraper, observed: Obs
 def trainer_views(job_name: str, pods: Iterable[Mapping[str, Any]]) -> dict[int, PodView]:
     """The job's trainer pods (from the watch cache) as the decisions see them, by node
     index."""
-    return dict(observe.observed_from(job_name=job_name, job_uid="", pods=pods, services=(),
-                                      claims=()).trainer_pods)
+    return dict(views.observed_from(job_name=job_name, job_uid="", pods=pods, services=(),
+                                    claims=()).trainer_pods)
 
 
 class CacheLagging(Exception):
@@ -257,7 +268,7 @@ async def run_pass(
     reads: Reads = READ_EVERY_POD,
     may_list: bool = True,
     trigger: str = "start",
-    stop_memory: observe.StopMemory | None = None,
+    stop_memory: stopmemory.StopMemory | None = None,
 ) -> PassResult:
     """Observe the job's children (from the operator's watch caches, `children`; listed from
     the API server when None, or when the caches lag behind the operator's own writes and
@@ -363,7 +374,7 @@ async def _observe_queue(api: kubernetes.client.ApiClient, job: ResilientTrainin
     queue_name = kueueapi.queue_name(job.metadata.labels)
     if queue_name is None:
         return None
-    queue = await observe.observe_queue(
+    queue = await kueueobserve.observe_queue(
         api, namespace=job.metadata.namespace or "", queue_name=queue_name,
         workload_name=naming.workload_name(job.name, job.metadata.uid or ""),
         timeout=settings.api_request_timeout_seconds,

@@ -275,7 +275,7 @@ def test_a_stop_seen_only_by_the_pod_watch_is_recorded_once_the_pods_are_gone() 
 
 
 def test_a_stop_of_another_job_of_the_same_name_is_not_this_jobs() -> None:
-    from rtj_operator.observe import observed_from
+    from rtj_operator.views import observed_from
 
     gone = trainer(0, "Succeeded", exit_code=0, deleting=True, outcome=stopped_at(37))
     observed = observed_from(job_name="tiny", job_uid="job-uid", pods=[], services=[],
