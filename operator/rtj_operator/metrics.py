@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rtj_operator.api.status import JobState, RankState, RankStatus, ResilientTrainingJobStatus
+from rtj_operator.api.status import RankStatus, ResilientTrainingJobStatus
+from rtj_operator.api.vocabulary import JobState, RankState
 
 REGISTRY = CollectorRegistry()
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
-from rtj_operator.api.status import IncidentCause, Reason
+from rtj_operator.api.vocabulary import IncidentCause, Reason
 from rtj_operator.decisions.hangs import completed_step, oldest_heartbeat
 from rtj_operator.intents import DeletePod
 from rtj_operator.observed import NodeLiveness, RankSample

@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from rtj_operator.api.status import StopReason
+from rtj_operator.api.vocabulary import StopReason
 from rtj_operator.decisions.stops import deleted_stop, suspend_reason
 from rtj_operator.intents import CreateObject, DeletePod
 from rtj_operator.observed import PodView, StopSeen

@@ -72,7 +72,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from rtj_operator.api.models import ResilientTrainingJob
-from rtj_operator.api.status import JobState, ResilientTrainingJobStatus
+from rtj_operator.api.status import ResilientTrainingJobStatus
+from rtj_operator.api.vocabulary import JobState
 from rtj_operator.config import OperatorSettings
 from rtj_operator.decisions import lifecycle, queueing, recovery, status
 from rtj_operator.decisions.hangs import heartbeat_deadlines, mark_unresponsive, observe_ranks

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from rtj_operator import naming
-from rtj_operator.api.status import IncidentCause, RankState
+from rtj_operator.api.vocabulary import IncidentCause, RankState
 from rtj_operator.decisions.state import DetectedFault, Pass, from_unix, iso
 from rtj_operator.observed import NodeLiveness
 

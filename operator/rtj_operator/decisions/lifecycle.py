@@ -11,15 +11,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rtj_operator import builders, naming
-from rtj_operator.api.status import (
-    ConditionType,
-    JobState,
-    LastCheckpoint,
-    RankState,
-    Reason,
-    ResilientTrainingJobStatus,
-    StopReason,
-)
+from rtj_operator.api.status import LastCheckpoint, ResilientTrainingJobStatus
+from rtj_operator.api.vocabulary import ConditionType, JobState, RankState, Reason, StopReason
 from rtj_operator.decisions import recovery, status, stops
 from rtj_operator.decisions.podfaults import (
     failure_reason,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from rtj_operator import naming
-from rtj_operator.api.status import ConditionType, IncidentCause, RankState
+from rtj_operator.api.vocabulary import ConditionType, IncidentCause, RankState
 from rtj_operator.decisions.hangs import finishing, hang_faults, node_heartbeat
 from rtj_operator.decisions.state import DetectedFault, Pass, iso
 from rtj_operator.launcher import NO_RESTART_EXIT_CODE

@@ -29,14 +29,8 @@ from typing import Any
 
 from rtj_operator import kueueapi, naming, workloads
 from rtj_operator.api.models import ResilientTrainingJob
-from rtj_operator.api.status import (
-    Condition,
-    ConditionStatus,
-    ConditionType,
-    JobState,
-    Reason,
-    ResilientTrainingJobStatus,
-)
+from rtj_operator.api.status import Condition, ResilientTrainingJobStatus
+from rtj_operator.api.vocabulary import ConditionStatus, ConditionType, JobState, Reason
 from rtj_operator.config import OperatorSettings
 from rtj_operator.decisions.state import Decision, iso
 from rtj_operator.intents import Action, CreateObject, Manifest, PatchJob, PatchWorkload, PostEvent

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from rtj_operator.api.status import (
+from rtj_operator.api.status import Incident
+from rtj_operator.api.vocabulary import (
     ConditionType,
-    Incident,
     IncidentCause,
     JobState,
     RankState,

@@ -17,12 +17,11 @@ from rtj_operator.api.status import (
     MAX_EXCLUDED_NODES,
     ExcludedNode,
     Incident,
-    IncidentCause,
     RankStatus,
-    RecoveryAction,
     ResilientTrainingJobStatus,
     RestartCounts,
 )
+from rtj_operator.api.vocabulary import IncidentCause, RecoveryAction
 from rtj_operator.config import OperatorSettings
 from rtj_operator.intents import Action, CreateObject, DeletePod, Manifest, PostEvent
 from rtj_operator.observed import Observed, PodView, RankLiveness

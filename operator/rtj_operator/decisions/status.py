@@ -16,19 +16,21 @@ from typing import Any
 from rtj_operator.api.status import (
     MAX_INCIDENTS,
     Condition,
-    ConditionStatus,
-    ConditionType,
     Incident,
-    IncidentCause,
-    JobState,
     LastCheckpoint,
     ProgressClock,
-    RankState,
-    Reason,
-    RecoveryAction,
     ResilientTrainingJobStatus,
     RestartRecords,
     SpareStatus,
+)
+from rtj_operator.api.vocabulary import (
+    ConditionStatus,
+    ConditionType,
+    IncidentCause,
+    JobState,
+    RankState,
+    Reason,
+    RecoveryAction,
 )
 from rtj_operator.decisions import stops
 from rtj_operator.decisions.hangs import degraded_observation

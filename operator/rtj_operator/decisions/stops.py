@@ -23,14 +23,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from rtj_operator import naming
-from rtj_operator.api.status import (
-    IncidentCause,
-    LastCheckpoint,
-    LastStop,
-    RecoveryAction,
-    ResilientTrainingJobStatus,
-    StopReason,
-)
+from rtj_operator.api.status import LastCheckpoint, LastStop, ResilientTrainingJobStatus
+from rtj_operator.api.vocabulary import IncidentCause, RecoveryAction, StopReason
 from rtj_operator.decisions.state import Pass, from_unix, whole_second
 from rtj_operator.observed import StopSeen
 
