@@ -1,5 +1,6 @@
-"""The working state of one decision: what a pass has seen and decided so far (`Pass`), what it
-hands to the next pass (`Memory`), what it returns (`Decision`) and the faults it found.
+"""The working state of one decision: what it is made from (`Inputs`), what a pass has seen and
+decided so far (`Pass`), what it hands to the next pass (`Memory`), what it returns (`Decision`)
+and the faults it found.
 
 Every rule module takes the one `Pass` of the call (`p`) and records into it; only `decide`
 (in `__init__.py`) creates one.
@@ -113,28 +114,33 @@ def _records(status: ResilientTrainingJobStatus) -> dict[RecoveryAction, list[da
             for action in BUDGETED}
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """What one decision is made from: `decide`'s arguments but the Kueue view (the job is the
+    one the rules see: a job Kueue holds is seen suspended)."""
+
+    job: ResilientTrainingJob
+    plan: PodPlan
+    observed: Observed
+    liveness: RankLiveness
+    now: datetime
+    memory: Memory
+    settings: OperatorSettings
+
+
 class Pass:
     """The working state of one call to `decide`: what it has seen and decided so far."""
 
-    def __init__(
-        self,
-        *,
-        job: ResilientTrainingJob,
-        plan: PodPlan,
-        observed: Observed,
-        liveness: RankLiveness,
-        now: datetime,
-        memory: Memory,
-        settings: OperatorSettings,
-    ) -> None:
+    def __init__(self, inputs: Inputs) -> None:
+        job, plan, memory = inputs.job, inputs.plan, inputs.memory
         self.job = job
         self.spec = job.spec
         self.plan = plan
-        self.observed = observed
-        self.liveness = liveness
-        self.now = now
+        self.observed = inputs.observed
+        self.liveness = inputs.liveness
+        self.now = inputs.now
         self.memory = memory
-        self.settings = settings
+        self.settings = inputs.settings
         if memory.status is not None:
             self.prev = memory.status
         else:
