@@ -125,7 +125,7 @@ class ClaimView:
 @dataclass(frozen=True, kw_only=True)
 class StopSeen:
     """A job pod that was ending on purpose, as the pod watch last saw it, possibly just before
-    it went away (`observe.StopMemory`): a trainer pod whose termination message says `Stopped`
+    it went away (`stopmemory.StopMemory`): a trainer pod whose termination message says `Stopped`
     (asked to stop, it committed a checkpoint of its current step first), or a trainer or
     rendezvous pod a voluntary disruption ends (`PodView.voluntarily_disrupted`)."""
 

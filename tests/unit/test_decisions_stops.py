@@ -1,4 +1,4 @@
-"""Checkpoint now, then stop (`decisions/stops.py`, the eviction rules of `liveness.py` and
+"""Checkpoint now, then stop (`decisions/stops.py`, the eviction rules of `podfaults.py` and
 `recovery.py`): a drain's eviction is rescheduled without spending a budget, and every stop the
 trainers committed is recorded in `status.lastStop` with one Event.
 """
