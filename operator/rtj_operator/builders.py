@@ -6,7 +6,8 @@ switched off), and, for a dynamic checkpoint volume, the ReadWriteMany claim `<j
 Each carries an ownerReference to the job (controller=true), so deleting the job deletes them
 through the garbage collector. Golden tests pin the p5.48xlarge trainer pod (tests/unit/golden/).
 The pod builders read the pass's `PodPlan` (`podplan.py`: resources, device counts, procs, grace
-period, rendezvous id) instead of resolving the instance profile themselves.
+period, rendezvous id) instead of resolving the instance profile themselves; the trainer
+container's command line is `launcher.py`'s, its environment `trainerenv.py`'s.
 """
 
 from __future__ import annotations
@@ -20,32 +21,8 @@ from rtj_operator.api.models import ResilientTrainingJob
 from rtj_operator.config import OperatorSettings, label_map
 from rtj_operator.intents import Manifest
 from rtj_operator.podplan import PodPlan
+from rtj_operator.trainerenv import TERMINATION_MESSAGE_PATH, field_env, trainer_env
 
-# NCCL environment of trainer pods that get GPUs (the EFA part, `profiles.EFA_ENV`, is instance
-# data). Sources: [aws-sample] awslabs/awsome-distributed-training, 3.test_cases/pytorch/nvrx
-#   manifests (summarised in docs/nvrx.md section 6); [ofi-nccl] the aws-ofi-nccl wiki
-#   "Environment Variables".
-NCCL_ENV: tuple[tuple[str, str], ...] = (
-    # NCCL's bootstrap and socket traffic must not use loopback or container bridges
-    # [aws-sample uses ^docker,lo,veth; ofi-nccl excludes lo,docker0 by default].
-    ("NCCL_SOCKET_IFNAME", "^lo,docker,veth"),
-    # NVLink SHARP (NVLS) buffers are not released on communicator abort, which in-process
-    # restart relies on; the aws-sample sets it on every manifest.
-    ("NCCL_NVLS_ENABLE", "0"),
-    # The NCCL watchdog aborts the communicator and ends the process on an async error so that
-    # ft_launcher sees a failed worker instead of a hang [aws-sample; ft_launcher's default].
-    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-)
-IN_PROCESS_RESTART_NCCL_ENV: tuple[tuple[str, str], ...] = (
-    # With in-process restart, CUDA errors seen by the watchdog must not be rethrown into the
-    # training thread as fatal [aws-sample in-process manifests].
-    ("TORCH_NCCL_RETHROW_CUDA_ERRORS", "0"),
-    # The in-process wrapper aborts the communicators of every rank on a fault; 1 (TearDown)
-    # would then end the survivors' processes and turn the restart into a launcher restart of
-    # all. 2 (CleanUpOnly) aborts the communicator and keeps the process (the trainer also sets
-    # it itself, rtj_trainer.resiliency; docs/nvrx.md).
-    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"),
-)
 RENDEZVOUS_REQUESTS = {"cpu": "250m", "memory": "512Mi"}
 """nvrx-control is a small Python process (the TCPStore and the round loop)."""
 
@@ -160,91 +137,6 @@ def _template_tolerations(job: ResilientTrainingJob) -> list[Manifest]:
     return [t.to_api() for t in template.tolerations] if template is not None else []
 
 
-def _field_env(name: str, field_path: str) -> Manifest:
-    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
-
-
-TERMINATION_MESSAGE_PATH = "/dev/termination-log"
-"""The trainer container's terminationMessagePath (Kubernetes' default), also passed to the
-trainer as RTJ_TERMINATION_MESSAGE_PATH."""
-
-
-def _value_env(pairs: list[tuple[str, str]]) -> list[Manifest]:
-    return [{"name": name, "value": value} for name, value in pairs]
-
-
-def trainer_env(
-    job: ResilientTrainingJob,
-    *,
-    plan: PodPlan,
-    node_index: int,
-    attempt: int,
-    settings: OperatorSettings,
-) -> list[Manifest]:
-    """The trainer container's environment (the contract in docs/design.md), then the
-    instance's EFA/NCCL settings, then spec.env (which wins over the EFA/NCCL defaults)."""
-    spec = job.spec
-    downward = [
-        _field_env("POD_IP", "status.podIP"),
-        _field_env("POD_NAME", "metadata.name"),
-        _field_env("POD_NAMESPACE", "metadata.namespace"),
-        # What the operator names when it tells the other pods this one is lost (podloss).
-        _field_env("POD_UID", "metadata.uid"),
-        # The metrics server binds the pod IP only.
-        _field_env("RTJ_METRICS_HOST", "status.podIP"),
-    ]
-    contract = [
-        ("RTJ_JOB_NAME", job.name),
-        ("RTJ_JOB_UID", plan.rendezvous_id),
-        ("RTJ_NODE_INDEX", str(node_index)),
-        # ft_launcher orders nodes by GROUP_RANK: pod <job>-0 hosts global rank 0 (nvrx.md E7).
-        ("GROUP_RANK", str(node_index)),
-        ("RTJ_NNODES", str(spec.nodes)),
-        ("RTJ_PROCS_PER_NODE", str(plan.procs_per_node)),
-        ("RTJ_ATTEMPT", str(attempt)),
-        ("RTJ_CHECKPOINT_DIR", job.checkpoint_dir),
-        ("RTJ_CHECKPOINT_INTERVAL_STEPS", str(spec.checkpoint.interval_steps)),
-        ("RTJ_CHECKPOINT_KEEP", str(spec.checkpoint.keep)),
-        ("RTJ_CHECKPOINT_MODE", spec.checkpoint.mode.lower()),
-        ("RTJ_METRICS_PORT", str(settings.trainer_metrics_port)),
-        ("RTJ_INPROCESS_RESTART",
-         "1" if spec.fault_tolerance.in_process_restart == "Enabled" else "0"),
-        ("RTJ_SPARE_NODES", str(spec.fault_tolerance.spares)),
-        # Only a job that asks for it may fire TRAINER_FAULTS (the trainer refuses them else).
-        *((("RTJ_FAULT_INJECTION", "1"),)
-          if spec.fault_tolerance.fault_injection == "Enabled" else ()),
-        ("RTJ_HEARTBEAT_TIMEOUT_SECONDS", str(spec.fault_tolerance.heartbeat_timeout_seconds)),
-        ("RTJ_WARM_WORKERS", "1" if warm_workers(spec.fault_tolerance.warm_workers, plan) else "0"),
-        # Other jobs whose checkpoints this one may resume (the trainer refuses any other's).
-        *((("RTJ_CHECKPOINT_RESUME_FROM_JOBS", ",".join(spec.checkpoint.resume_from_jobs)),)
-          if spec.checkpoint.resume_from_jobs else ()),
-        # Where local rank 0 writes how the pod ended (rtj_operator.termination).
-        ("RTJ_TERMINATION_MESSAGE_PATH", TERMINATION_MESSAGE_PATH),
-    ]
-    platform: dict[str, str] = dict(plan.resources.env)
-    if plan.efa_devices > 0:
-        platform.update(profiles.EFA_ENV)
-    if plan.gpus > 0:
-        platform.update(NCCL_ENV)
-        if spec.fault_tolerance.in_process_restart == "Enabled":
-            platform.update(IN_PROCESS_RESTART_NCCL_ENV)
-    user = [e.to_api() for e in spec.env]
-    user_names = {e.name for e in spec.env}
-    platform_env = _value_env([(k, v) for k, v in platform.items() if k not in user_names])
-    return [*downward, *_value_env(contract), *platform_env, *user]
-
-
-def warm_workers(setting: str, plan: PodPlan) -> bool:
-    """Whether the launcher starts its workers from pre-imported processes
-    (rtj_trainer.launcher.warmpool, `faultTolerance.warmWorkers`). `Auto` turns them on with GPUs:
-    on one H200 a SIGKILLed rank was training again 9.5-11.7 s after the fault instead of 20 s, and
-    a cold start took 11-12 s instead of 17-18 s; on a 2-core CPU machine the imports of the
-    refilled pool compete with training (docs/benchmarks.md)."""
-    if setting == "Auto":
-        return plan.gpus > 0
-    return setting == "Enabled"
-
-
 AVOID_NODES_WEIGHT = 100
 """Weight of the preferred node anti-affinity against excluded nodes (the most a term may
 have): the scheduler's NodeAffinity score then favours every other node that fits."""
@@ -283,14 +175,46 @@ def trainer_pod(
 ) -> Manifest:
     """Trainer pod `<job>-<i>`: one ft_launcher that runs procsPerNode workers; it prefers any
     node but `avoid_nodes` (the job's excluded nodes, see `avoiding`)."""
-    spec = job.spec
-    resolved = plan.resources
     name = naming.trainer_pod_name(job.name, node_index)
     labels = _pod_labels(job, naming.ROLE_TRAINER)
     labels.update({naming.NODE_INDEX_LABEL: str(node_index), naming.ATTEMPT_LABEL: str(attempt)})
-    template = spec.pod_template
+    template = job.spec.pod_template
     annotations = dict(template.annotations) if template is not None else {}
+    tolerations = _trainer_tolerations(job, plan)
+    mounts, volumes = _trainer_volumes(job, plan)
+    container = _trainer_container(job, plan=plan, node_index=node_index, attempt=attempt,
+                                   settings=settings, mounts=mounts)
+    pod_spec: Manifest = {
+        "hostname": name,
+        "subdomain": naming.headless_service_name(job.name),
+        # The operator, not the kubelet, decides restarts.
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": plan.termination_grace_period_seconds,
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": _automount_token(job),
+        "securityContext": pod_security_context(job),
+        "containers": [container],
+        "volumes": volumes,
+        **_scheduling(job),
+    }
+    affinity = avoiding(pod_spec.get("affinity"), avoid_nodes)
+    if affinity is not None:
+        pod_spec["affinity"] = affinity
+    if plan.resources.node_selector:
+        pod_spec["nodeSelector"] = dict(plan.resources.node_selector)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(job, name=name, labels=labels, annotations=annotations),
+        "spec": pod_spec,
+    }
 
+
+def _trainer_tolerations(job: ResilientTrainingJob, plan: PodPlan) -> list[Manifest]:
+    """The trainer pod's tolerations: of the GPU and EFA taints when it asks for those
+    devices, then the podTemplate's."""
     tolerations: list[Manifest] = []
     if plan.gpus:
         tolerations.append(
@@ -301,9 +225,17 @@ def trainer_pod(
             {"key": profiles.EFA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
         )
     tolerations.extend(_template_tolerations(job))
+    return tolerations
 
+
+def _trainer_volumes(
+    job: ResilientTrainingJob, plan: PodPlan
+) -> tuple[list[Manifest], list[Manifest]]:
+    """The trainer container's volume mounts and the pod's volumes: the checkpoint claim, and
+    a memory-backed /dev/shm when the plan sizes one."""
+    resolved = plan.resources
     mounts: list[Manifest] = [
-        {"name": naming.CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path}
+        {"name": naming.CHECKPOINT_VOLUME, "mountPath": job.spec.checkpoint.mount_path}
     ]
     volumes: list[Manifest] = [
         {
@@ -318,8 +250,24 @@ def trainer_pod(
             {"name": naming.SHM_VOLUME,
              "emptyDir": {"medium": "Memory", "sizeLimit": resolved.shm_size}}
         )
+    return mounts, volumes
 
-    container: Manifest = {
+
+def _trainer_container(
+    job: ResilientTrainingJob,
+    *,
+    plan: PodPlan,
+    node_index: int,
+    attempt: int,
+    settings: OperatorSettings,
+    mounts: list[Manifest],
+) -> Manifest:
+    """The trainer container: ft_launcher's command line (`launcher`), the environment
+    (`trainerenv`), one metrics port per rank, the plan's resources and `mounts`."""
+    spec = job.spec
+    resolved = plan.resources
+    template = spec.pod_template
+    return {
         "name": naming.TRAINER_CONTAINER,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
@@ -347,33 +295,6 @@ def trainer_pod(
             job, memory_lock=template is not None and template.memory_lock),
     }
 
-    pod_spec: Manifest = {
-        "hostname": name,
-        "subdomain": naming.headless_service_name(job.name),
-        # The operator, not the kubelet, decides restarts.
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": plan.termination_grace_period_seconds,
-        "enableServiceLinks": False,
-        "automountServiceAccountToken": _automount_token(job),
-        "securityContext": pod_security_context(job),
-        "containers": [container],
-        "volumes": volumes,
-        **_scheduling(job),
-    }
-    affinity = avoiding(pod_spec.get("affinity"), avoid_nodes)
-    if affinity is not None:
-        pod_spec["affinity"] = affinity
-    if resolved.node_selector:
-        pod_spec["nodeSelector"] = dict(resolved.node_selector)
-    if tolerations:
-        pod_spec["tolerations"] = tolerations
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": _metadata(job, name=name, labels=labels, annotations=annotations),
-        "spec": pod_spec,
-    }
-
 
 def rendezvous_pod(
     job: ResilientTrainingJob, *, plan: PodPlan, settings: OperatorSettings
@@ -397,7 +318,7 @@ def rendezvous_pod(
                 "image": spec.image,
                 "imagePullPolicy": spec.image_pull_policy,
                 "command": launcher.rendezvous_argv(job, plan, settings),
-                "env": [_field_env("POD_IP", "status.podIP")],
+                "env": [field_env("POD_IP", "status.podIP")],
                 "ports": [{"name": "rendezvous", "containerPort": settings.rendezvous_port,
                            "protocol": "TCP"}],
                 "resources": {"requests": dict(RENDEZVOUS_REQUESTS)},

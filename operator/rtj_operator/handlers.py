@@ -16,7 +16,7 @@ The jobs' children are observed through three kopf indexes (watch caches of ever
 and claim with the job label, keyed by namespace and job), so a pass lists nothing. A finished
 job with no pods left and no `ttlSecondsAfterFinished` costs nothing: its loop skips the pass.
 The same pod watch feeds `remember_stop`: pods ending on purpose (a stop checkpoint, an
-eviction) are remembered past their removal (`observe.StopMemory`).
+eviction) are remembered past their removal (`stopmemory.StopMemory`).
 
 Deleting a job deletes its children at once, each pod with its grace period, and the job goes
 away only once its pods are gone (at most their grace period plus `DELETE_WAIT_MARGIN_SECONDS`):
@@ -34,7 +34,18 @@ from typing import Any
 import kopf
 import kubernetes.client
 
-from rtj_operator import actions, jobloop, leader, metrics, naming, observe, reconcile, scraping
+from rtj_operator import (
+    actions,
+    jobloop,
+    leader,
+    metrics,
+    naming,
+    observe,
+    reconcile,
+    scraping,
+    stopmemory,
+    views,
+)
 from rtj_operator.api import GROUP, PLURAL, VERSION
 from rtj_operator.config import OperatorSettings, settings_from_environment
 from rtj_operator.decisions import podloss, stops
@@ -74,14 +85,14 @@ IndexKey = tuple[str | None, str]
 async def job_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
                    **_: Any) -> dict[IndexKey, dict[str, Any]]:
     """Watch cache: every labelled pod (the fields the decisions read), by (namespace, job)."""
-    return {(namespace, labels[naming.JOB_LABEL]): observe.slim_pod(body)}
+    return {(namespace, labels[naming.JOB_LABEL]): views.slim_pod(body)}
 
 
 @kopf.on.event("pods", labels={naming.JOB_LABEL: kopf.PRESENT})
 def remember_stop(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A job pod that ends on purpose (its trainers committed a stop checkpoint, or it is
-    evicted), remembered past its removal for the passes (`observe.StopMemory`)."""
-    stop_memory: observe.StopMemory | None = memo.get("stops")
+    evicted), remembered past its removal for the passes (`stopmemory.StopMemory`)."""
+    stop_memory: stopmemory.StopMemory | None = memo.get("stops")
     if stop_memory is not None:
         stop_memory.record(body, reconcile.now_utc())
 
@@ -109,16 +120,16 @@ async def announce_pod_loss(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Me
     if event.get("type") == "DELETED" or (elector is not None and not elector.is_leader()):
         return
     announced: dict[str, float] = memo["announced"]
-    pod = observe.pod_view(body)
+    pod = views.pod_view(body)
     labels = body.get("metadata", {}).get("labels") or {}
     key = (body.get("metadata", {}).get("namespace"), labels.get(naming.JOB_LABEL, ""))
     verdict = podloss.announcement(
         pod,
-        in_process_restart=observe.container_env(
+        in_process_restart=views.container_env(
             body, naming.TRAINER_CONTAINER, podloss.IN_PROCESS_RESTART_ENV) == "1",
-        peers=[observe.pod_view(peer) for peer in kwargs["job_pods"].get(key, [])],
+        peers=[views.pod_view(peer) for peer in kwargs["job_pods"].get(key, [])],
         already_announced=pod.uid in announced,
-        spares=_int_or_zero(observe.container_env(body, naming.TRAINER_CONTAINER,
+        spares=_int_or_zero(views.container_env(body, naming.TRAINER_CONTAINER,
                                                   podloss.SPARES_ENV)),
     )
     if verdict is None:
@@ -137,14 +148,14 @@ async def announce_pod_loss(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Me
 async def job_services(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
                        **_: Any) -> dict[IndexKey, dict[str, Any]]:
     """Watch cache: every labelled Service, by (namespace, job)."""
-    return {(namespace, labels[naming.JOB_LABEL]): observe.slim_object(body)}
+    return {(namespace, labels[naming.JOB_LABEL]): views.slim_object(body)}
 
 
 @kopf.index("persistentvolumeclaims", labels={naming.JOB_LABEL: kopf.PRESENT})
 async def job_claims(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
                      **_: Any) -> dict[IndexKey, dict[str, Any]]:
     """Watch cache: every labelled claim, by (namespace, job)."""
-    return {(namespace, labels[naming.JOB_LABEL]): observe.slim_object(body)}
+    return {(namespace, labels[naming.JOB_LABEL]): views.slim_object(body)}
 
 
 @kopf.on.event("pods", labels={naming.JOB_LABEL: kopf.PRESENT})
@@ -153,7 +164,7 @@ async def wake_on_pod_change(namespace: str | None, labels: kopf.Labels, body: k
     """A job's pod changed (what the decisions read of it) or is gone: wake the job's loop."""
     gone = event.get("type") == "DELETED"
     jobloop.pod_changed(memo["loops"], memo, key=(namespace or "", labels[naming.JOB_LABEL]),
-                        view=None if gone else observe.slim_pod(body))
+                        view=None if gone else views.slim_pod(body))
 
 
 def _children(kwargs: dict[str, Any], namespace: str | None, name: str) -> Any:
@@ -199,7 +210,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # One node list for every job (kopf copies the memo per object, shallowly).
     memo["nodes"] = observe.NodeCache()
     # What pods that ended on purpose said, for every job (the pod watch records it).
-    memo["stops"] = observe.StopMemory()
+    memo["stops"] = stopmemory.StopMemory()
     # One HTTP client for every job's liveness reads.
     memo["scraper"] = scraping.Scraper(concurrency=SETTINGS.scrape_concurrency,
                                        timeout_seconds=SETTINGS.scrape_timeout_seconds)
@@ -296,7 +307,7 @@ async def cleanup(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **kwargs:
         raise kopf.TemporaryError(
             f"waiting for {len(pods)} pod(s) to end: the trainers commit a checkpoint of their "
             "current step first", delay=DELETE_POLL_SECONDS)
-    stop_memory: observe.StopMemory | None = memo.get("stops")
+    stop_memory: stopmemory.StopMemory | None = memo.get("stops")
     said = [seen for seen in (stop_memory.seen(namespace, name, now) if stop_memory else [])
             if seen.job_uid == body.metadata.uid]
     stop = stops.deleted_stop(said)

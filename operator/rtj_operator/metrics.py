@@ -16,14 +16,16 @@ client library adds it to the Counter names below), `_timestamp_seconds` for Uni
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rtj_operator.api.status import JobState, RankState, ResilientTrainingJobStatus
+from rtj_operator.api.status import RankStatus, ResilientTrainingJobStatus
+from rtj_operator.api.vocabulary import JobState, RankState
 
 REGISTRY = CollectorRegistry()
 
@@ -169,6 +171,29 @@ def record_job_status(namespace: str, name: str,
             view.recovered.add(seen)
             RECOVERY_SECONDS.labels(action=str(incident.action or "None")).observe(
                 float(incident.seconds))
+
+
+def record_pass(namespace: str, name: str, *, trigger: str, seconds: float,
+                status: ResilientTrainingJobStatus, applied: Iterable[object],
+                restarts: Iterable[str], stale: Iterable[RankStatus],
+                stale_after_seconds: float) -> None:
+    """What one reconcile pass of job `namespace/name` adds to the metrics: the ranks whose
+    heartbeat it saw go stale (`stale`; how long after their last heartbeat +
+    `stale_after_seconds`), the actions and Events it applied (`applied`, by type), the
+    recoveries it started (`restarts`, by action), its duration (`seconds`, by `trigger`) and the
+    job's new status."""
+    for rank in stale:
+        HEARTBEAT_STALE.inc()
+        if rank.last_heartbeat_time is not None:
+            HEARTBEAT_STALE_DETECTION_SECONDS.observe(max(0.0, time.time() - (
+                rank.last_heartbeat_time.timestamp() + stale_after_seconds)))
+    for item in applied:
+        ACTIONS.labels(action=type(item).__name__).inc()  # PostEvent counted too
+    for action in restarts:
+        RESTARTS.labels(action=action).inc()
+    RECONCILE_SECONDS.labels(trigger=trigger).observe(seconds)
+    record_job_state(f"{namespace}/{name}", status.state)
+    record_job_status(namespace, name, status)
 
 
 class _JobCollector(Collector):

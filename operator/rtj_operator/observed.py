@@ -4,7 +4,7 @@
 `RankLiveness` from the trainers' metrics endpoints, and `decisions.decide` reads only these
 records, never the Kubernetes client: that is what lets the decision table be unit-tested without
 a cluster. They hold observations only; what they mean (the oldest heartbeat of a pod, the step
-all its ranks completed) is decided in `decisions/liveness.py`.
+all its ranks completed) is decided in `decisions/hangs.py`.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class ClaimView:
 @dataclass(frozen=True, kw_only=True)
 class StopSeen:
     """A job pod that was ending on purpose, as the pod watch last saw it, possibly just before
-    it went away (`observe.StopMemory`): a trainer pod whose termination message says `Stopped`
+    it went away (`stopmemory.StopMemory`): a trainer pod whose termination message says `Stopped`
     (asked to stop, it committed a checkpoint of its current step first), or a trainer or
     rendezvous pod a voluntary disruption ends (`PodView.voluntarily_disrupted`)."""
 

@@ -22,13 +22,24 @@ import kubernetes.client
 import pydantic
 from pydantic.alias_generators import to_camel
 
-from rtj_operator import actions, decisions, kueueapi, metrics, naming, observe, scraping
-from rtj_operator.api.models import parse_job, parse_status, plain
+from rtj_operator import (
+    actions,
+    decisions,
+    kueueapi,
+    kueueobserve,
+    metrics,
+    naming,
+    observe,
+    scraping,
+    stopmemory,
+    views,
+)
+from rtj_operator.api.models import ResilientTrainingJob, parse_job, parse_status, plain
 from rtj_operator.api.status import ResilientTrainingJobStatus, compact_ranks
 from rtj_operator.config import OperatorSettings, pinned_to_services
 from rtj_operator.errors import InvalidJobError
 from rtj_operator.intents import CreateObject, DeletePod, PostEvent
-from rtj_operator.observed import NodeLiveness, Observed, PodView
+from rtj_operator.observed import NodeLiveness, Observed, PodView, QueueView
 from rtj_operator.podplan import plan_for
 
 
@@ -236,8 +247,8 @@ async def _read_liveness(memo: JobMemo, scraper: scraping.Scraper, observed: Obs
 def trainer_views(job_name: str, pods: Iterable[Mapping[str, Any]]) -> dict[int, PodView]:
     """The job's trainer pods (from the watch cache) as the decisions see them, by node
     index."""
-    return dict(observe.observed_from(job_name=job_name, job_uid="", pods=pods, services=(),
-                                      claims=()).trainer_pods)
+    return dict(views.observed_from(job_name=job_name, job_uid="", pods=pods, services=(),
+                                    claims=()).trainer_pods)
 
 
 class CacheLagging(Exception):
@@ -257,7 +268,7 @@ async def run_pass(
     reads: Reads = READ_EVERY_POD,
     may_list: bool = True,
     trigger: str = "start",
-    stop_memory: observe.StopMemory | None = None,
+    stop_memory: stopmemory.StopMemory | None = None,
 ) -> PassResult:
     """Observe the job's children (from the operator's watch caches, `children`; listed from
     the API server when None, or when the caches lag behind the operator's own writes and
@@ -266,6 +277,60 @@ async def run_pass(
     others' last reads reused), decide, apply the actions. `trigger` (what woke the pass)
     labels its duration metric."""
     started = time.monotonic()
+    job, current_status = _parse(body, memo, started)
+    namespace = job.metadata.namespace or ""
+    if children is not None and _caches_lag(memo, children, started, may_list=may_list):
+        children = None  # the watch cache lags behind our own writes: list this time
+    stops = (stop_memory.seen(namespace, job.name, now_utc())
+             if stop_memory is not None else ())
+    observed = await observe.observe(
+        api, namespace=namespace, job_name=job.name, job_uid=job.metadata.uid or "",
+        timeout=settings.api_request_timeout_seconds, node_cache=node_cache, children=children,
+        stops=stops,
+    )
+    # The job keeps the ports its Services were created with (an operator restarted with other
+    # port settings must not split it).
+    settings = pinned_to_services(settings, observed.service_ports)
+    plan = plan_for(job, settings)
+    memo.procs_per_node = plan.procs_per_node
+    memo.metrics_port = settings.trainer_metrics_port
+    liveness = await _read_liveness(memo, scraper, observed, reads,
+                                    base_port=settings.trainer_metrics_port,
+                                    procs=plan.procs_per_node)
+    queue = await _observe_queue(api, job, memo, settings)
+    decision = decisions.decide(
+        job=job, plan=plan, observed=observed, liveness=liveness, now=now_utc(),
+        memory=memo.memory,
+        settings=settings,
+        queue=queue,
+    )
+    refused = await actions.apply(api, namespace=namespace, job_name=job.name,
+                                  actions=decision.actions,
+                                  timeout=settings.api_request_timeout_seconds)
+    # A create refused by admission becomes the AdmissionRefused condition, not a retry loop.
+    decision = decisions.with_refusals(decision, refused, now_utc())
+    memo.memory = decision.memory
+    memo.recheck = {index: moment.timestamp() for index, moment in decision.recheck.items()}
+    memo.expected = expectations_after(decision.actions, memo.expected, time.monotonic(),
+                                       refused=(r.name for r in refused))
+    metrics.record_pass(
+        namespace, job.name, trigger=trigger, seconds=time.monotonic() - started,
+        status=decision.status, applied=[*decision.actions, *decision.events],
+        restarts=[str(incident.action) for incident in decision.incidents
+                  if incident.action in decisions.OPERATOR_ACTIONS],
+        stale=decision.unresponsive,
+        stale_after_seconds=job.spec.fault_tolerance.heartbeat_timeout_seconds,
+    )
+    return PassResult(status_patch=_status_to_write(memo, current_status, decision.status,
+                                                    settings),
+                      events=decision.events)
+
+
+def _parse(body: Mapping[str, Any], memo: JobMemo,
+           started: float) -> tuple[ResilientTrainingJob, dict[str, Any]]:
+    """The job, and the status its pass computes the patch against: the watch's, overlaid with
+    this operator's own writes the watch does not show yet. A spec that cannot be used raises
+    InvalidJobError with the status that says so."""
     raw = plain(body)
     memo.written = unseen_writes(memo.written, raw.get("status") or {}, started)
     current_status = with_unseen_writes(raw.get("status") or {}, memo.written)
@@ -284,78 +349,54 @@ async def run_pass(
         # A status this version cannot read (written by another version, or by hand) is
         # rebuilt from what the cluster shows; it never makes the job itself invalid.
         job = job.model_copy(update={"status": None})
-    namespace = job.metadata.namespace or ""
-    if children is not None:
-        unmet = unmet_expectations(memo.expected, children)
-        memo.expected = {k: t for k, t in memo.expected.items()
-                         if k in unmet and started - t < EXPECTATION_SECONDS}
-        if memo.expected:
-            if not may_list:
-                raise CacheLagging(f"{len(memo.expected)} own writes not in the watch cache yet")
-            children = None  # the watch cache lags behind our own writes: list this time
-    stops = (stop_memory.seen(namespace, job.name, now_utc())
-             if stop_memory is not None else ())
-    observed = await observe.observe(
-        api, namespace=namespace, job_name=job.name, job_uid=job.metadata.uid or "",
-        timeout=settings.api_request_timeout_seconds, node_cache=node_cache, children=children,
-        stops=stops,
-    )
-    # The job keeps the ports its Services were created with (an operator restarted with other
-    # port settings must not split it).
-    settings = pinned_to_services(settings, observed.service_ports)
-    plan = plan_for(job, settings)
-    memo.procs_per_node = plan.procs_per_node
-    memo.metrics_port = settings.trainer_metrics_port
-    liveness = await _read_liveness(memo, scraper, observed, reads,
-                                    base_port=settings.trainer_metrics_port,
-                                    procs=plan.procs_per_node)
+    return job, current_status
+
+
+def _caches_lag(memo: JobMemo, children: observe.Children, started: float, *,
+                may_list: bool) -> bool:
+    """Whether the watch caches (`children`) still miss some of this operator's own writes
+    (younger than EXPECTATION_SECONDS), so that the pass must list the children instead;
+    CacheLagging when it may not (`may_list` False)."""
+    unmet = unmet_expectations(memo.expected, children)
+    memo.expected = {k: t for k, t in memo.expected.items()
+                     if k in unmet and started - t < EXPECTATION_SECONDS}
+    if not memo.expected:
+        return False
+    if not may_list:
+        raise CacheLagging(f"{len(memo.expected)} own writes not in the watch cache yet")
+    return True
+
+
+async def _observe_queue(api: kubernetes.client.ApiClient, job: ResilientTrainingJob,
+                         memo: JobMemo, settings: OperatorSettings) -> QueueView | None:
+    """A job queued through Kueue: one GET of its Workload (and, while admitted, of its
+    flavors); None for any other job."""
     queue_name = kueueapi.queue_name(job.metadata.labels)
-    queue = None
-    if queue_name is not None:  # queued through Kueue: one GET of its Workload
-        queue = await observe.observe_queue(
-            api, namespace=namespace, queue_name=queue_name,
-            workload_name=naming.workload_name(job.name, job.metadata.uid or ""),
-            timeout=settings.api_request_timeout_seconds,
-        )
-        memo.workload_settled = queue.workload is None or queue.workload.true(
-            kueueapi.FINISHED)
-    decision = decisions.decide(
-        job=job, plan=plan, observed=observed, liveness=liveness, now=now_utc(),
-        memory=memo.memory,
-        settings=settings,
-        queue=queue,
+    if queue_name is None:
+        return None
+    queue = await kueueobserve.observe_queue(
+        api, namespace=job.metadata.namespace or "", queue_name=queue_name,
+        workload_name=naming.workload_name(job.name, job.metadata.uid or ""),
+        timeout=settings.api_request_timeout_seconds,
     )
-    refused = await actions.apply(api, namespace=namespace, job_name=job.name,
-                                  actions=decision.actions,
-                                  timeout=settings.api_request_timeout_seconds)
-    # A create refused by admission becomes the AdmissionRefused condition, not a retry loop.
-    decision = decisions.with_refusals(decision, refused, now_utc())
-    memo.memory = decision.memory
-    memo.recheck = {index: moment.timestamp() for index, moment in decision.recheck.items()}
-    stale_after = job.spec.fault_tolerance.heartbeat_timeout_seconds
-    for rank in decision.unresponsive:
-        metrics.HEARTBEAT_STALE.inc()
-        if rank.last_heartbeat_time is not None:
-            metrics.HEARTBEAT_STALE_DETECTION_SECONDS.observe(max(0.0, time.time() - (
-                rank.last_heartbeat_time.timestamp() + stale_after)))
-    memo.expected = expectations_after(decision.actions, memo.expected, time.monotonic(),
-                                       refused=(r.name for r in refused))
-    for applied in [*decision.actions, *decision.events]:
-        metrics.ACTIONS.labels(action=type(applied).__name__).inc()  # PostEvent counted too
-    for incident in decision.incidents:
-        if incident.action in decisions.OPERATOR_ACTIONS:
-            metrics.RESTARTS.labels(action=incident.action).inc()
-    metrics.RECONCILE_SECONDS.labels(trigger=trigger).observe(time.monotonic() - started)
-    metrics.record_job_state(f"{namespace}/{job.name}", decision.status.state)
-    metrics.record_job_status(namespace, job.name, decision.status)
-    patch = status_patch(current_status, api_status(decision.status))
+    memo.workload_settled = queue.workload is None or queue.workload.true(kueueapi.FINISHED)
+    return queue
+
+
+def _status_to_write(memo: JobMemo, current_status: Mapping[str, Any],
+                     status: ResilientTrainingJobStatus,
+                     settings: OperatorSettings) -> dict[str, Any]:
+    """The status patch of a pass; one that merely advances training waits until
+    `status_progress_interval_seconds` after the last write (written with the next change or
+    later)."""
+    patch = status_patch(current_status, api_status(status))
     now = time.monotonic()
     if patch and only_progress(current_status, patch) and memo.last_status_write is not None \
             and now - memo.last_status_write < settings.status_progress_interval_seconds:
         patch = {}  # training merely advanced: written with the next change or later
     if patch:
         memo.last_status_write = now
-    return PassResult(status_patch=patch, events=decision.events)
+    return patch
 
 
 def remember_written(memo: JobMemo, patch: Mapping[str, Any]) -> None:

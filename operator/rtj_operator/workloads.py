@@ -27,7 +27,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rtj_operator import builders, kueueapi, naming
-from rtj_operator.api.models import PodTemplate, ResilientTrainingJob, Toleration
+from rtj_operator.api.models import ResilientTrainingJob
+from rtj_operator.api.spec_pods import PodTemplate, Toleration
 from rtj_operator.config import OperatorSettings
 from rtj_operator.intents import Manifest
 from rtj_operator.observed import FlavorView, Placement, WorkloadView

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from rtj_operator import api, profiles
-from rtj_operator.api import crd, models
+from rtj_operator.api import crd, spec_fault_tolerance
 
 pytestmark = pytest.mark.unit
 
@@ -80,7 +80,7 @@ def test_the_schema_is_structural_every_node_has_a_type_or_is_int_or_string() ->
 
 def test_crd_defaults_are_the_model_defaults() -> None:
     spec = schema()["properties"]["spec"]["properties"]
-    assert spec["faultTolerance"]["default"] == models.FaultTolerance().to_api()
+    assert spec["faultTolerance"]["default"] == spec_fault_tolerance.FaultTolerance().to_api()
     assert spec["instanceType"]["default"] == profiles.DEFAULT_INSTANCE_TYPE
     assert spec["checkpoint"]["properties"]["mountPath"]["default"] == "/checkpoints"
     assert spec["command"]["default"] == ["python", "-m", "rtj_trainer"]

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 from rtj_operator.api import models
+from rtj_operator.api.spec_checkpoint import Checkpoint
 from rtj_operator.podplan import resolve_profile
 from unit.manifests import job
 
@@ -93,7 +94,7 @@ def test_camel_case_and_snake_case_names_both_parse_and_dump_as_camel_case() -> 
         {"nodes": 1, "image": "x", "procsPerNode": 2, "checkpoint": {"claimName": "fsx"}}
     )
     by_name = models.ResilientTrainingJobSpec(
-        nodes=1, image="x", procs_per_node=2, checkpoint=models.Checkpoint(claim_name="fsx")
+        nodes=1, image="x", procs_per_node=2, checkpoint=Checkpoint(claim_name="fsx")
     )
     assert by_alias == by_name
     dumped = by_name.to_api()

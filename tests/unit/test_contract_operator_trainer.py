@@ -3,7 +3,7 @@
 Each side has its own tests against hand-written fixtures; these feed one side's real output into
 the other side's real input, so a renamed variable or metric fails here rather than only in e2e:
 
-- the environment: `builders.trainer_env` writes the `RTJ_*` variables, and
+- the environment: `trainerenv.trainer_env` writes the `RTJ_*` variables, and
   `rtj_trainer.config.build_config(env=...)` reads them (docs/design.md);
 - the metrics: `rtj_trainer.metrics.TrainerMetrics` renders a rank's Prometheus page, and
   `rtj_operator.scraping.rank_sample_from_text` reads it back.
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
-from rtj_operator import builders
+from rtj_operator import builders, trainerenv
 from rtj_operator.api.models import parse_job
 from rtj_operator.config import OperatorSettings
 from rtj_operator.podplan import plan_for
@@ -71,7 +71,7 @@ def kubelet_env(env: list[dict[str, Any]]) -> dict[str, str]:
 
 def test_the_trainer_reads_the_spec_from_the_environment_the_operator_writes() -> None:
     job = spec_job()
-    env = builders.trainer_env(job, plan=plan_for(job, SETTINGS), node_index=1, attempt=2,
+    env = trainerenv.trainer_env(job, plan=plan_for(job, SETTINGS), node_index=1, attempt=2,
                                settings=SETTINGS)
     config = build_config(preset="tiny", env=kubelet_env(env))
 
@@ -91,7 +91,7 @@ def test_the_trainer_reads_the_spec_from_the_environment_the_operator_writes() -
 
 def test_in_process_restart_enabled_in_the_spec_is_enabled_in_the_trainer() -> None:
     job = spec_job(faultTolerance={"inProcessRestart": "Enabled"})
-    env = builders.trainer_env(job, plan=plan_for(job, SETTINGS), node_index=0, attempt=0,
+    env = trainerenv.trainer_env(job, plan=plan_for(job, SETTINGS), node_index=0, attempt=0,
                                settings=SETTINGS)
     assert build_config(preset="tiny", env=kubelet_env(env)).resiliency.inprocess_restart is True
 

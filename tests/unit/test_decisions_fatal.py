@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from rtj_operator.api.status import Reason
+from rtj_operator.api.vocabulary import Reason
 from rtj_operator.termination import TrainerOutcome
 from unit.decisions_builders import (
     T0,

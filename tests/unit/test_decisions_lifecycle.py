@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from rtj_operator import decisions as d
-from rtj_operator.api.status import Reason
+from rtj_operator.api.vocabulary import Reason
 from rtj_operator.intents import CreateObject, DeleteJob, DeletePod, SetClaimOwner
 from rtj_operator.observed import ClaimView
 from rtj_operator.podplan import plan_for

@@ -10,7 +10,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from rtj_operator.api.status import MAX_EXCLUDED_NODES, IncidentCause, RecoveryAction
+from rtj_operator.api.status import MAX_EXCLUDED_NODES
+from rtj_operator.api.vocabulary import IncidentCause, RecoveryAction
 from rtj_operator.intents import CreateObject, DeletePod
 from unit.decisions_builders import (
     LOST_NODE,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rtj_operator import observe
+from rtj_operator import views
 from rtj_operator.decisions import podloss
 from rtj_operator.intents import AnnouncePodLoss
 from rtj_operator.observed import PodView
@@ -89,4 +89,4 @@ def test_the_in_process_switch_is_read_from_the_trainer_containers_environment(
     containers: list[dict[str, Any]], expected: str | None,
 ) -> None:
     body = {"spec": {"containers": containers}}
-    assert observe.container_env(body, "trainer", podloss.IN_PROCESS_RESTART_ENV) == expected
+    assert views.container_env(body, "trainer", podloss.IN_PROCESS_RESTART_ENV) == expected

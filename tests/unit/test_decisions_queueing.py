@@ -1,7 +1,7 @@
 """Rule 0 (decisions/queueing.py) and the Workload it keeps (workloads.py): a job labelled
 `kueue.x-k8s.io/queue-name` runs only while Kueue admits its Workload. Each case builds the job,
-its pods and the Workload as observe.observe_queue would see them, and checks the actions (what
-the job and its Workload become) and the status."""
+its pods and the Workload as kueueobserve.observe_queue would see them, and checks the actions
+(what the job and its Workload become) and the status."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from rtj_operator import naming, workloads
 from rtj_operator.api.models import ResilientTrainingJob
 from rtj_operator.intents import CreateObject, PatchJob, PatchWorkload
-from rtj_operator.observe import flavor_view, workload_view
+from rtj_operator.kueueobserve import flavor_view, workload_view
 from rtj_operator.observed import FlavorView, Placement, QueueView, WorkloadView
 from unit.decisions_builders import (
     SETTINGS,
@@ -69,7 +69,7 @@ def conditions(**kinds: tuple[str, str, str]) -> list[dict[str, Any]]:
 
 def a_workload(j: ResilientTrainingJob | None = None, *, admitted: bool = False,
                flavor: str = "p5", **kinds: tuple[str, str, str]) -> WorkloadView:
-    """The job's Workload as observe.workload_view reads it from the API server."""
+    """The job's Workload as kueueobserve.workload_view reads it from the API server."""
     manifest = workloads.workload(j or queued_job(), queue_name=QUEUE, settings=SETTINGS)
     manifest["metadata"].update(resourceVersion="7", generation=1)
     if admitted:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from rtj_operator.api.status import Incident, IncidentCause, Reason, RecoveryAction
+from rtj_operator.api.status import Incident
+from rtj_operator.api.vocabulary import IncidentCause, Reason, RecoveryAction
 from rtj_operator.decisions.recovery import RECOVERY_GRACE_SECONDS, full_restart_backoff
 from rtj_operator.intents import CreateObject, DeletePod
 from unit.decisions_builders import (

@@ -1,5 +1,5 @@
 """Warm spares (`faultTolerance.spares`): standby pods, takeover at no budget, replacements that
-wait for the next launcher round (decisions/liveness.py, decisions/recovery.py)."""
+wait for the next launcher round (decisions/hangs.py, decisions/recovery.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checkpoint now, then stop (`decisions/stops.py`, the eviction rules of `liveness.py` and
+"""Checkpoint now, then stop (`decisions/stops.py`, the eviction rules of `podfaults.py` and
 `recovery.py`): a drain's eviction is rescheduled without spending a budget, and every stop the
 trainers committed is recorded in `status.lastStop` with one Event.
 """
@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from rtj_operator.api.status import StopReason
+from rtj_operator.api.vocabulary import StopReason
 from rtj_operator.decisions.stops import deleted_stop, suspend_reason
 from rtj_operator.intents import CreateObject, DeletePod
 from rtj_operator.observed import PodView, StopSeen
@@ -275,7 +275,7 @@ def test_a_stop_seen_only_by_the_pod_watch_is_recorded_once_the_pods_are_gone() 
 
 
 def test_a_stop_of_another_job_of_the_same_name_is_not_this_jobs() -> None:
-    from rtj_operator.observe import observed_from
+    from rtj_operator.views import observed_from
 
     gone = trainer(0, "Succeeded", exit_code=0, deleting=True, outcome=stopped_at(37))
     observed = observed_from(job_name="tiny", job_uid="job-uid", pods=[], services=[],

@@ -14,14 +14,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from rtj_operator import metrics
 from rtj_operator.api.status import (
     Incident,
-    IncidentCause,
     LastCheckpoint,
     RankStatus,
-    RecoveryAction,
     ResilientTrainingJobStatus,
     RestartCounts,
     SpareStatus,
 )
+from rtj_operator.api.vocabulary import IncidentCause, RecoveryAction
 from rtj_trainer.metrics import Snapshot, TrainerMetrics
 
 pytestmark = pytest.mark.unit

@@ -1,5 +1,6 @@
-"""The pure half of observing: API objects into views (`rtj_operator.observe`), and how a
-Workload GET's answer is read (the API client stands in for the server)."""
+"""The pure half of observing: API objects into views (`rtj_operator.views`), and how a
+Workload GET's answer is read (`rtj_operator.kueueobserve`; the API client stands in for the
+server)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,10 @@ from typing import Any
 import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
-from rtj_operator.observe import (
-    FORBIDDEN_RETRY_SECONDS,
-    NodeCache,
-    StopMemory,
-    node_view,
-    observe_queue,
-    observed_from,
-    pod_view,
-    slim_object,
-    slim_pod,
-)
+from rtj_operator.kueueobserve import observe_queue
+from rtj_operator.observe import FORBIDDEN_RETRY_SECONDS, NodeCache
+from rtj_operator.stopmemory import StopMemory
+from rtj_operator.views import node_view, observed_from, pod_view, slim_object, slim_pod
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.exposition import generate_latest
-from rtj_operator import jobloop, observe, reconcile
+from rtj_operator import jobloop, reconcile, views
 from rtj_operator.api.status import RankStatus, compact_ranks
 from rtj_operator.intents import CreateObject, DeletePod
 from rtj_operator.scraping import node_liveness_from_json
@@ -95,8 +95,8 @@ def test_the_watch_cache_keeps_what_the_decisions_read() -> None:
                    "containerStatuses": [{"name": "trainer", "image": "i", "state": {
                        "running": {"startedAt": "2026-01-01T00:00:02Z"}}}]},
     }
-    slim = observe.slim_pod(pod)
-    assert observe.pod_view(slim) == observe.pod_view(pod)
+    slim = views.slim_pod(pod)
+    assert views.pod_view(slim) == views.pod_view(pod)
     assert len(json.dumps(slim)) < len(json.dumps(pod)) / 3
 
 

@@ -1,5 +1,5 @@
 """The termination message: the trainer writes it (rtj_trainer.termination), the operator reads
-it (rtj_operator.termination, rtj_operator.observe.pod_view); garbage is ignored with a reason."""
+it (rtj_operator.termination, rtj_operator.views.pod_view); garbage is ignored with a reason."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from rtj_operator import termination as reader
-from rtj_operator.observe import pod_view
+from rtj_operator.views import pod_view
 from rtj_trainer import termination as writer
 
 pytestmark = pytest.mark.unit

@@ -3,7 +3,7 @@
 `decide(job, plan, observed, liveness, now, memory, settings)` returns the actions of one reconcile
 pass (create or delete children, post Events, delete a finished job) and the job's complete new
 status. It reads no clock, no cluster and no network, so every rule below is pinned by the
-table-driven tests in tests/unit/decisions/.
+table-driven tests in tests/unit/test_decisions_*.py (built with tests/unit/decisions_builders.py).
 
 The rules, in the order a pass applies them:
 
@@ -51,11 +51,18 @@ Each rule has its own module; `decide` below is the one place that states their 
 - `queueing.py`: rule 0, Kueue;
 - `lifecycle.py`: rules 1-6 and 8 (finished, Services and claim, suspend, deadline, exit codes,
   completion, create);
-- `liveness.py`: rule 7, finding faults (ranks from the pods and the scrapes, heartbeat and
-  progress timeouts);
+- `podfaults.py`: rule 7, finding the faults of the pods (failed, vanished, deleted, evicted,
+  on a lost node, not starting; the rendezvous pod lost), then the hangs;
+- `hangs.py`: rule 7, the ranks from the pods and the scrapes, and the hangs in them (heartbeat
+  and progress timeouts, degraded observation);
 - `recovery.py`: rule 7, recovering (budgets, rank restart, full restart) and failing the job;
+- `stops.py`: `status.lastStop`, what the trainers asked to stop committed before they stopped;
 - `status.py`: the status every rule ends with (conditions, incidents, progress, goodput);
-- `state.py`: the working state of a pass (`_Pass`), `Memory`, `Decision`, `DetectedFault`.
+- `state.py`: what a decision is made from (`Inputs`), the working state of a pass (`Pass`),
+  `Memory`, `Decision`, `DetectedFault`.
+
+Not a rule of `decide`: `podloss.py` decides, from one pod's watch event, which other trainer
+pods to tell at once that the pod is lost (`handlers.announce_pod_loss`).
 
 The decision returns the status as a `ResilientTrainingJobStatus`, its actions (`intents`) and
 its Events apart; `reconcile` applies the actions, writes the status and posts the Events.
@@ -63,20 +70,17 @@ its Events apart; `reconcile` applies the actions, writes the status and posts t
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 
 from rtj_operator.api.models import ResilientTrainingJob
-from rtj_operator.api.status import JobState, ResilientTrainingJobStatus
+from rtj_operator.api.status import ResilientTrainingJobStatus
+from rtj_operator.api.vocabulary import JobState
 from rtj_operator.config import OperatorSettings
 from rtj_operator.decisions import lifecycle, queueing, recovery, status
-from rtj_operator.decisions.liveness import (
-    find_faults,
-    heartbeat_deadlines,
-    lost_pods,
-    mark_unresponsive,
-    observe_ranks,
-)
-from rtj_operator.decisions.state import Decision, DetectedFault, Memory, _Pass
+from rtj_operator.decisions.hangs import heartbeat_deadlines, mark_unresponsive, observe_ranks
+from rtj_operator.decisions.podfaults import find_faults, lost_pods
+from rtj_operator.decisions.state import Decision, DetectedFault, Inputs, Memory, Pass
 from rtj_operator.decisions.status import OPERATOR_ACTIONS, invalid_spec, with_refusals
 from rtj_operator.observed import Observed, QueueView, RankLiveness
 from rtj_operator.podplan import PodPlan
@@ -98,39 +102,28 @@ def decide(
 ) -> Decision:
     """The actions of one reconcile pass and the job's new status (see the module docstring);
     `queue` is the Kueue view of a job queued through Kueue (None for any other job)."""
+    inputs = Inputs(job=job, plan=plan, observed=observed, liveness=liveness, now=now,
+                    memory=memory, settings=settings)
     if queue is None:
-        return queueing.unqueued(_decide(job=job, plan=plan, observed=observed,
-                                         liveness=liveness, now=now, memory=memory,
-                                         settings=settings))
+        return queueing.unqueued(_decide(inputs))
     prev = memory.status or job.status or ResilientTrainingJobStatus()
     step = queueing.admit(job=job, queue=queue, observed=observed, prev=prev,
                           settings=settings, now=now)  # rule 0
     held = queueing.holding(job) if step.hold and not job.spec.suspend else job
-    decided = _decide(job=held, plan=plan, observed=observed, liveness=liveness, now=now,
-                      memory=memory, settings=settings)
+    decided = _decide(dataclasses.replace(inputs, job=held))
     return queueing.report(decided, step, job=job, now=now)
 
 
-def _decide(
-    *,
-    job: ResilientTrainingJob,
-    plan: PodPlan,
-    observed: Observed,
-    liveness: RankLiveness,
-    now: datetime,
-    memory: Memory,
-    settings: OperatorSettings,
-) -> Decision:
+def _decide(inputs: Inputs) -> Decision:
     """Rules 1-8."""
-    p = _Pass(job=job, plan=plan, observed=observed, liveness=liveness, now=now, memory=memory,
-              settings=settings)
+    p = Pass(inputs)
     lost_pods(p)  # pods on lost nodes are force-deleted by whichever rule deletes them
     if p.prev.state in (JobState.SUCCEEDED, JobState.FAILED):
         return lifecycle.finished(p)  # rule 1
     lifecycle.ensure_services_and_claim(p)  # rule 2
     if p.spec.suspend:
         return lifecycle.suspended(p)  # rule 3
-    start_time = p.prev.start_time or now
+    start_time = p.prev.start_time or p.now
     for ends_the_job in (
         lifecycle.past_deadline,  # rule 4
         lifecycle.non_retryable_exit,  # rule 5

@@ -2,7 +2,7 @@
 suspend and resume (rule 3), the deadline (rule 4), exit codes that must not be retried
 (rule 5), completion (rule 6) and creating what is missing (rule 8).
 
-Faults and their recovery (rule 7) are in `liveness.py` and `recovery.py`.
+Faults and their recovery (rule 7) are in `podfaults.py`, `hangs.py` and `recovery.py`.
 """
 
 from __future__ import annotations
@@ -11,30 +11,23 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rtj_operator import builders, naming
-from rtj_operator.api.status import (
-    ConditionType,
-    JobState,
-    LastCheckpoint,
-    RankState,
-    Reason,
-    ResilientTrainingJobStatus,
-    StopReason,
-)
+from rtj_operator.api.status import LastCheckpoint, ResilientTrainingJobStatus
+from rtj_operator.api.vocabulary import ConditionType, JobState, RankState, Reason, StopReason
 from rtj_operator.decisions import recovery, status, stops
-from rtj_operator.decisions.liveness import (
+from rtj_operator.decisions.podfaults import (
     failure_reason,
     following_a_peer,
     training_done,
     training_finished,
 )
-from rtj_operator.decisions.state import Decision, _Pass, from_unix, whole_second
+from rtj_operator.decisions.state import Decision, Pass, from_unix, whole_second
 from rtj_operator.intents import DeleteJob, DeletePod, SetClaimOwner
 from rtj_operator.launcher import NO_RESTART_EXIT_CODE, TRAINER_FATAL_EXIT_CODE
 
 # --- rule 1: finished ---------------------------------------------------------------------------
 
 
-def finished(p: _Pass) -> Decision:
+def finished(p: Pass) -> Decision:
     """A finished job: stop whatever still runs, keep the record, honour the TTL."""
     for pod in p.observed.trainer_pods.values():
         if not pod.terminated:
@@ -53,7 +46,7 @@ def finished(p: _Pass) -> Decision:
 # --- rule 2: services and claim -----------------------------------------------------------------
 
 
-def ensure_services_and_claim(p: _Pass) -> None:
+def ensure_services_and_claim(p: Pass) -> None:
     if not p.observed.headless_service:
         # The NetworkPolicy goes with the headless Service: the operator lists only pods,
         # services and claims, so a policy deleted by hand comes back with that Service.
@@ -86,7 +79,7 @@ def ensure_services_and_claim(p: _Pass) -> None:
 # --- rule 3: suspend ----------------------------------------------------------------------------
 
 
-def suspended(p: _Pass) -> Decision:
+def suspended(p: Pass) -> Decision:
     """Delete every pod with its own grace period: the trainers commit a checkpoint of the step
     they are at before they exit (rtj_trainer.stop); a pod that said so in its termination
     message is recorded in status.lastStop (reason `Suspended`, or `Preempted` from the
@@ -126,7 +119,7 @@ def suspended(p: _Pass) -> Decision:
 # --- rules 4 and 5: deadline and exit codes that must not be retried ----------------------------
 
 
-def past_deadline(p: _Pass, start_time: datetime) -> Decision | None:
+def past_deadline(p: Pass, start_time: datetime) -> Decision | None:
     deadline = p.spec.active_deadline_seconds
     if deadline is None or p.now < start_time + timedelta(seconds=deadline):
         return None
@@ -134,7 +127,7 @@ def past_deadline(p: _Pass, start_time: datetime) -> Decision | None:
                          f"the job ran longer than activeDeadlineSeconds={deadline}", start_time)
 
 
-def non_retryable_exit(p: _Pass, start_time: datetime) -> Decision | None:
+def non_retryable_exit(p: Pass, start_time: datetime) -> Decision | None:
     """A trainer that said restarting cannot help (its termination message), a worker or a
     container that exited with a code that must not be retried: Failed at once, even while
     other pods still run."""
@@ -171,7 +164,7 @@ def non_retryable_exit(p: _Pass, start_time: datetime) -> Decision | None:
     return None
 
 
-def final_progress(p: _Pass, written: ResilientTrainingJobStatus) -> ResilientTrainingJobStatus:
+def final_progress(p: Pass, written: ResilientTrainingJobStatus) -> ResilientTrainingJobStatus:
     """The final step and newest checkpoint of a job that succeeded: what the trainers said in
     their termination messages (the last scrape may predate the final steps). Without messages
     (a trainer that writes none), the final checkpoint is the best evidence."""
@@ -202,7 +195,7 @@ def final_progress(p: _Pass, written: ResilientTrainingJobStatus) -> ResilientTr
 # --- rule 6: completion -------------------------------------------------------------------------
 
 
-def completion(p: _Pass, start_time: datetime) -> Decision | None:
+def completion(p: Pass, start_time: datetime) -> Decision | None:
     """Succeeded when every trainer pod exited 0, or when training is done on every rank
     (`training_done`) and the pods that have not finished never will (`_left_behind`); no
     restarts once one pod has finished."""
@@ -244,7 +237,7 @@ def completion(p: _Pass, start_time: datetime) -> Decision | None:
     return None
 
 
-def _left_behind(p: _Pass, index: int) -> str | None:
+def _left_behind(p: Pass, index: int) -> str | None:
     """Why the pod of node `index` will never finish on its own although training is done on
     every rank (None: it finished, or it is on its way out): it is gone, failed or ended
     otherwise, is being deleted, is on a lost node, or is a replacement that has not joined
@@ -270,7 +263,7 @@ def _left_behind(p: _Pass, index: int) -> str | None:
     return None
 
 
-def _succeed(p: _Pass, start_time: datetime, message: str, event: str, *,
+def _succeed(p: Pass, start_time: datetime, message: str, event: str, *,
              stop_the_rest: bool = False) -> Decision:
     """End the job Succeeded: every needed rank `Succeeded`, waiting spares and the rendezvous
     pod deleted (and, with `stop_the_rest`, every trainer pod still running or starting)."""
@@ -301,7 +294,7 @@ def _succeed(p: _Pass, start_time: datetime, message: str, event: str, *,
 # --- rule 8: create -----------------------------------------------------------------------------
 
 
-def create_missing(p: _Pass) -> None:
+def create_missing(p: Pass) -> None:
     pods = p.observed.trainer_pods
     rendezvous = p.observed.rendezvous_pod
     restarting_all = any(isinstance(a, DeletePod) and a.name == naming.rendezvous_name(p.job.name)

@@ -17,7 +17,7 @@ Kueue's own kinds (pkg/controller/jobframework/reconciler.go in v0.17; docs/kueu
 `admit` runs before the other rules and says whether this pass must treat the job as suspended
 (`QueueStep.hold`); `report` runs after them: the `Queued` condition, the `Queued` state of a
 held job without pods, and the `Finished` mark. Both are pure; the Workload and its flavors come
-from `observe.observe_queue`.
+from `kueueobserve.observe_queue`.
 """
 
 from __future__ import annotations
@@ -29,14 +29,8 @@ from typing import Any
 
 from rtj_operator import kueueapi, naming, workloads
 from rtj_operator.api.models import ResilientTrainingJob
-from rtj_operator.api.status import (
-    Condition,
-    ConditionStatus,
-    ConditionType,
-    JobState,
-    Reason,
-    ResilientTrainingJobStatus,
-)
+from rtj_operator.api.status import Condition, ResilientTrainingJobStatus
+from rtj_operator.api.vocabulary import ConditionStatus, ConditionType, JobState, Reason
 from rtj_operator.config import OperatorSettings
 from rtj_operator.decisions.state import Decision, iso
 from rtj_operator.intents import Action, CreateObject, Manifest, PatchJob, PatchWorkload, PostEvent

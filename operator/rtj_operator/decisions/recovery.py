@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from rtj_operator.api.status import (
+from rtj_operator.api.status import Incident
+from rtj_operator.api.vocabulary import (
     ConditionType,
-    Incident,
     IncidentCause,
     JobState,
     RankState,
@@ -32,7 +32,7 @@ from rtj_operator.api.status import (
     RecoveryAction,
 )
 from rtj_operator.decisions import status
-from rtj_operator.decisions.state import Decision, DetectedFault, _Pass
+from rtj_operator.decisions.state import Decision, DetectedFault, Pass
 
 RECOVERY_GRACE_SECONDS = 3
 """The grace period of a pod deleted to recover from a fault. On SIGTERM the trainers commit a
@@ -52,7 +52,7 @@ LOST = (IncidentCause.POD_FAILED, IncidentCause.POD_VANISHED, IncidentCause.POD_
 """Faults whose processes are gone, which a warm spare can take over."""
 
 
-def _spares_first(p: _Pass, faults: list[DetectedFault]) -> list[DetectedFault]:
+def _spares_first(p: Pass, faults: list[DetectedFault]) -> list[DetectedFault]:
     """Answer what spares can answer, at no budget; return the faults left for the ladder.
 
     A lost spare (or waiting replacement) is replaced. A lost active pod whose ranks a warm spare
@@ -77,7 +77,7 @@ def _spares_first(p: _Pass, faults: list[DetectedFault]) -> list[DetectedFault]:
     return []
 
 
-def _evictions_first(p: _Pass, faults: list[DetectedFault]) -> list[DetectedFault]:
+def _evictions_first(p: Pass, faults: list[DetectedFault]) -> list[DetectedFault]:
     """Reschedule what was evicted, at no budget; return the faults left for the ladder."""
     evicted = [f for f in faults if f.cause == IncidentCause.POD_EVICTED]
     if not evicted:
@@ -99,7 +99,7 @@ def _evictions_first(p: _Pass, faults: list[DetectedFault]) -> list[DetectedFaul
     return [f for f in faults if f.cause != IncidentCause.POD_EVICTED]
 
 
-def reschedule(p: _Pass, fault: DetectedFault) -> None:
+def reschedule(p: Pass, fault: DetectedFault) -> None:
     """An evicted trainer pod is created again once its name is free (rule 8), elsewhere: the
     drained node is cordoned. No budget; the pod is already going (the eviction deleted it)."""
     assert fault.node_index is not None
@@ -110,7 +110,7 @@ def reschedule(p: _Pass, fault: DetectedFault) -> None:
             f"Rescheduling the pod of node {index} (no budget spent): {fault.message}")
 
 
-def reschedule_everything(p: _Pass, fault: DetectedFault) -> None:
+def reschedule_everything(p: Pass, fault: DetectedFault) -> None:
     """The rendezvous pod was evicted: every launcher lost the store and stops its workers with a
     checkpoint of the current step (rtj_trainer.launcher). Delete every trainer pod with its own
     grace period (the stop checkpoint must finish) and start everything again once they are
@@ -128,7 +128,7 @@ def reschedule_everything(p: _Pass, fault: DetectedFault) -> None:
         p.delete_pod(p.observed.rendezvous_pod, "it was evicted")
 
 
-def recover(p: _Pass, faults: list[DetectedFault], start_time: datetime) -> Decision | None:
+def recover(p: Pass, faults: list[DetectedFault], start_time: datetime) -> Decision | None:
     """Exclude the nodes the faults accuse, then spend the cheapest budget that can fix the
     faults, or fail the job."""
     for fault in faults:
@@ -171,12 +171,12 @@ def recover(p: _Pass, faults: list[DetectedFault], start_time: datetime) -> Deci
     return None
 
 
-def _restarts_of(p: _Pass, index: int) -> int:
+def _restarts_of(p: Pass, index: int) -> int:
     previous = p.ranks.get(index) or p.prev_ranks.get(index)
     return (previous.restarts or 0) if previous else 0
 
 
-def restart_rank(p: _Pass, fault: DetectedFault) -> None:
+def restart_rank(p: Pass, fault: DetectedFault) -> None:
     """Replace the pod of one node index (RankRestart)."""
     assert fault.node_index is not None
     index = fault.node_index
@@ -192,7 +192,7 @@ def restart_rank(p: _Pass, fault: DetectedFault) -> None:
                             grace_seconds=RECOVERY_GRACE_SECONDS)
 
 
-def spare_takeover(p: _Pass, fault: DetectedFault, spare: int) -> None:
+def spare_takeover(p: Pass, fault: DetectedFault, spare: int) -> None:
     """A warm spare's ranks take over the lost pod's ranks in place (the trainers do it: NVRx
     in-process restart with FillGaps); the lost index gets a new pod that waits as a spare."""
     assert fault.node_index is not None
@@ -207,7 +207,7 @@ def spare_takeover(p: _Pass, fault: DetectedFault, spare: int) -> None:
             f"place; a new pod for node {index} waits as a spare. {fault.message}")
 
 
-def replace_spare(p: _Pass, fault: DetectedFault) -> None:
+def replace_spare(p: Pass, fault: DetectedFault) -> None:
     """A standby pod (a warm spare or a waiting replacement) was lost: replace it."""
     assert fault.node_index is not None
     p.add_incident(fault, RecoveryAction.SPARE_REPLACE)
@@ -216,7 +216,7 @@ def replace_spare(p: _Pass, fault: DetectedFault) -> None:
             f"Replacing spare pod {fault.node_index} ({fault.cause}): {fault.message}")
 
 
-def _replace_as_spare(p: _Pass, index: int, why: str) -> None:
+def _replace_as_spare(p: Pass, index: int, why: str) -> None:
     pod = p.observed.trainer_pods.get(index)
     p.standby.add(index)
     p.waiting.add(index)
@@ -248,7 +248,7 @@ def full_restart_backoff(incidents: list[Incident]) -> tuple[int, datetime | Non
     return streak, newest + timedelta(seconds=wait)
 
 
-def restart_everything(p: _Pass, fault: DetectedFault, summary: str) -> None:
+def restart_everything(p: Pass, fault: DetectedFault, summary: str) -> None:
     """Delete every trainer pod and the rendezvous pod (FullRestart); rule 8 starts them again
     once every one is gone, and after the back-off (`full_restart_backoff`)."""
     p.add_incident(fault, RecoveryAction.FULL_RESTART, summary)
@@ -273,7 +273,7 @@ def restart_everything(p: _Pass, fault: DetectedFault, summary: str) -> None:
 
 
 def fail(
-    p: _Pass, reason: Reason, message: str, start_time: datetime,
+    p: Pass, reason: Reason, message: str, start_time: datetime,
     failed_index: int | None = None,
 ) -> Decision:
     """The job failed: stop every pod, keep the record."""

@@ -1,7 +1,8 @@
-"""The working state of one decision: what a pass has seen and decided so far (`_Pass`), what it
-hands to the next pass (`Memory`), what it returns (`Decision`) and the faults it found.
+"""The working state of one decision: what it is made from (`Inputs`), what a pass has seen and
+decided so far (`Pass`), what it hands to the next pass (`Memory`), what it returns (`Decision`)
+and the faults it found.
 
-Every rule module takes the one `_Pass` of the call (`p`) and records into it; only `decide`
+Every rule module takes the one `Pass` of the call (`p`) and records into it; only `decide`
 (in `__init__.py`) creates one.
 """
 
@@ -17,12 +18,11 @@ from rtj_operator.api.status import (
     MAX_EXCLUDED_NODES,
     ExcludedNode,
     Incident,
-    IncidentCause,
     RankStatus,
-    RecoveryAction,
     ResilientTrainingJobStatus,
     RestartCounts,
 )
+from rtj_operator.api.vocabulary import IncidentCause, RecoveryAction
 from rtj_operator.config import OperatorSettings
 from rtj_operator.intents import Action, CreateObject, DeletePod, Manifest, PostEvent
 from rtj_operator.observed import Observed, PodView, RankLiveness
@@ -63,7 +63,7 @@ class Decision:
     recheck: Mapping[int, datetime] = field(default_factory=dict)
     """Per node index, the next moment the pod's heartbeat verdict changes if its heartbeat
     stays where it is (turns Unresponsive, or hung): a read of that pod just after it decides
-    (`liveness.heartbeat_deadlines`). Empty when no pod's heartbeat is being timed."""
+    (`hangs.heartbeat_deadlines`). Empty when no pod's heartbeat is being timed."""
 
     def of_type(self, kind: type) -> list[Any]:
         """The actions of one type, in order (handy for tests)."""
@@ -114,28 +114,33 @@ def _records(status: ResilientTrainingJobStatus) -> dict[RecoveryAction, list[da
             for action in BUDGETED}
 
 
-class _Pass:
+@dataclass(frozen=True)
+class Inputs:
+    """What one decision is made from: `decide`'s arguments but the Kueue view (the job is the
+    one the rules see: a job Kueue holds is seen suspended)."""
+
+    job: ResilientTrainingJob
+    plan: PodPlan
+    observed: Observed
+    liveness: RankLiveness
+    now: datetime
+    memory: Memory
+    settings: OperatorSettings
+
+
+class Pass:
     """The working state of one call to `decide`: what it has seen and decided so far."""
 
-    def __init__(
-        self,
-        *,
-        job: ResilientTrainingJob,
-        plan: PodPlan,
-        observed: Observed,
-        liveness: RankLiveness,
-        now: datetime,
-        memory: Memory,
-        settings: OperatorSettings,
-    ) -> None:
+    def __init__(self, inputs: Inputs) -> None:
+        job, plan, memory = inputs.job, inputs.plan, inputs.memory
         self.job = job
         self.spec = job.spec
         self.plan = plan
-        self.observed = observed
-        self.liveness = liveness
-        self.now = now
+        self.observed = inputs.observed
+        self.liveness = inputs.liveness
+        self.now = inputs.now
         self.memory = memory
-        self.settings = settings
+        self.settings = inputs.settings
         if memory.status is not None:
             self.prev = memory.status
         else:
@@ -163,23 +168,23 @@ class _Pass:
         self.records = _records(self.prev)
         """When the operator's budgeted restarts happened, per kind (status.restartRecords)."""
         self.standby: set[int] = set()
-        """Pods whose ranks train nothing now: warm spares and `waiting` (liveness.py)."""
+        """Pods whose ranks train nothing now: warm spares and `waiting` (hangs.py)."""
         self.lost: dict[str, str] = {}
         """Pods (by UID) on a lost node whose heartbeats stopped, with the node's name: their
-        deletion is a force delete (liveness.lost_pods)."""
+        deletion is a force delete (podfaults.lost_pods)."""
         self.excluded: list[ExcludedNode] = list(self.prev.excluded_nodes or [])
         """Nodes new trainer pods avoid (status.excludedNodes)."""
         self.unobserved_since: dict[str, datetime] = {}
         """Running pods (by UID) that should send heartbeats but could not be observed, since
-        when (liveness.observe_ranks); never evidence of a hang."""
+        when (hangs.observe_ranks); never evidence of a hang."""
         self.not_starting: list[tuple[str, str, str]] = []
         """Pods that do not start: (pod, reason, message), for the PodsNotStarting condition."""
         self.unresponsive: list[RankStatus] = []
-        """Ranks that turned `Unresponsive` in this pass (liveness.mark_unresponsive)."""
+        """Ranks that turned `Unresponsive` in this pass (hangs.mark_unresponsive)."""
         self.recheck: dict[int, datetime] = {}
-        """When each pod's heartbeat verdict next changes (liveness.heartbeat_deadlines)."""
+        """When each pod's heartbeat verdict next changes (hangs.heartbeat_deadlines)."""
         self.shared_clock: tuple[tuple[int, int], datetime | None] | None = None
-        """`liveness._shared_clock` of this pass, with the (standby, incidents) counts it was
+        """`hangs._shared_clock` of this pass, with the (standby, incidents) counts it was
         computed for."""
 
     def restarts_within(self, action: RecoveryAction, since: datetime) -> int:

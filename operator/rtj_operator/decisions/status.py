@@ -16,27 +16,30 @@ from typing import Any
 from rtj_operator.api.status import (
     MAX_INCIDENTS,
     Condition,
-    ConditionStatus,
-    ConditionType,
     Incident,
-    IncidentCause,
-    JobState,
     LastCheckpoint,
     ProgressClock,
-    RankState,
-    Reason,
-    RecoveryAction,
     ResilientTrainingJobStatus,
     RestartRecords,
     SpareStatus,
 )
+from rtj_operator.api.vocabulary import (
+    ConditionStatus,
+    ConditionType,
+    IncidentCause,
+    JobState,
+    RankState,
+    Reason,
+    RecoveryAction,
+)
 from rtj_operator.decisions import stops
-from rtj_operator.decisions.liveness import degraded_observation, training_finished
+from rtj_operator.decisions.hangs import degraded_observation
+from rtj_operator.decisions.podfaults import training_finished
 from rtj_operator.decisions.state import (
     Decision,
     DetectedFault,
     Memory,
-    _Pass,
+    Pass,
     from_unix,
     iso,
     whole_second,
@@ -57,7 +60,7 @@ def is_open(incident: Incident) -> bool:
     return incident.recovered_time is None and incident.action in OPERATOR_ACTIONS
 
 
-def recover_incidents(p: _Pass) -> None:
+def recover_incidents(p: Pass) -> None:
     """Close the incidents that are still open: training makes progress again."""
     for n, incident in enumerate(p.incidents):
         if is_open(incident):
@@ -67,7 +70,7 @@ def recover_incidents(p: _Pass) -> None:
             )
 
 
-def _worker_restart_incidents(p: _Pass) -> None:
+def _worker_restart_incidents(p: Pass) -> None:
     """Restarts that happened inside the pods (ft_launcher, NVRx in-process), seen through the
     trainers' `rtj_trainer_restarts_total{kind}` counters."""
     seen: dict[str, int] = {}
@@ -103,7 +106,7 @@ def _bounded(incidents: list[Incident]) -> list[Incident]:
 # --- a job that runs ----------------------------------------------------------------------------
 
 
-def running(p: _Pass, start_time: datetime) -> Decision:
+def running(p: Pass, start_time: datetime) -> Decision:
     """The status of a job that is starting, running or recovering (nothing ended it)."""
     _worker_restart_incidents(p)
     ready = sum(1 for i in p.active() if p.ranks[i].state == RankState.RUNNING)
@@ -156,7 +159,7 @@ def running(p: _Pass, start_time: datetime) -> Decision:
     return decision(p, written)
 
 
-def _not_starting_detail(p: _Pass) -> dict[ConditionType, tuple[str, str]]:
+def _not_starting_detail(p: Pass) -> dict[ConditionType, tuple[str, str]]:
     """The PodsNotStarting condition's own reason (the scheduler's or kubelet's, of the first
     pod) and message (every pod that does not start, and why)."""
     if not p.not_starting:
@@ -172,7 +175,7 @@ def _not_starting_detail(p: _Pass) -> dict[ConditionType, tuple[str, str]]:
 # --- the status ---------------------------------------------------------------------------------
 
 
-def _training_progress(p: _Pass) -> dict[str, Any]:
+def _training_progress(p: Pass) -> dict[str, Any]:
     """step, last_checkpoint and goodput from the scraped metrics (kept when nothing answered);
     a field nothing is known about is left out."""
     result: dict[str, Any] = {}
@@ -211,7 +214,7 @@ def _training_progress(p: _Pass) -> dict[str, Any]:
 
 
 def checkpoint_staleness(
-    p: _Pass, state: JobState, progress: dict[str, Any]
+    p: Pass, state: JobState, progress: dict[str, Any]
 ) -> tuple[bool, str]:
     """Whether the job's step is more than `staleAfterIntervals` checkpoint intervals past the
     newest committed checkpoint (only while the job is starting, running or recovering), and
@@ -233,7 +236,7 @@ def checkpoint_staleness(
 
 
 def _conditions(
-    p: _Pass, truths: dict[ConditionType, bool], reason: str, message: str,
+    p: Pass, truths: dict[ConditionType, bool], reason: str, message: str,
     details: dict[ConditionType, tuple[str, str]] | None = None,
 ) -> list[Condition]:
     """Every condition type; lastTransitionTime moves only when a status flips. A condition in
@@ -269,7 +272,7 @@ def _conditions(
 
 
 def build(
-    p: _Pass,
+    p: Pass,
     *,
     state: JobState,
     reason: Reason | RecoveryAction,
@@ -344,7 +347,7 @@ def build(
     return ResilientTrainingJobStatus(**fields)
 
 
-def _rank_counts(p: _Pass) -> dict[str, int]:
+def _rank_counts(p: Pass) -> dict[str, int]:
     """How many trainer pods are in each rank state (a pod without a state yet: `Unknown`)."""
     counts: dict[str, int] = {}
     for index in range(p.pods):
@@ -354,7 +357,7 @@ def _rank_counts(p: _Pass) -> dict[str, int]:
     return counts
 
 
-def decision(p: _Pass, status: ResilientTrainingJobStatus) -> Decision:
+def decision(p: Pass, status: ResilientTrainingJobStatus) -> Decision:
     """The pass's decision with its final status: every rule ends here, so a stop the trainers
     committed is recorded whichever rule decided (`stops.record_stop`)."""
     status = stops.record_stop(p, status)

@@ -23,15 +23,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from rtj_operator import naming
-from rtj_operator.api.status import (
-    IncidentCause,
-    LastCheckpoint,
-    LastStop,
-    RecoveryAction,
-    ResilientTrainingJobStatus,
-    StopReason,
-)
-from rtj_operator.decisions.state import _Pass, from_unix, whole_second
+from rtj_operator.api.status import LastCheckpoint, LastStop, ResilientTrainingJobStatus
+from rtj_operator.api.vocabulary import IncidentCause, RecoveryAction, StopReason
+from rtj_operator.decisions.state import Pass, from_unix, whole_second
 from rtj_operator.observed import StopSeen
 
 SUSPEND_REASONS = {StopReason.SUSPENDED.value: StopReason.SUSPENDED,
@@ -55,7 +49,7 @@ def suspend_reason(annotations: dict[str, str]) -> tuple[StopReason, str | None]
         f"{', '.join(SUSPEND_REASONS)}: recorded as {StopReason.SUSPENDED}")
 
 
-def stopped_pods(p: _Pass) -> list[StopSeen]:
+def stopped_pods(p: Pass) -> list[StopSeen]:
     """Every stop this pass knows of: the pod watch's and the pods' own messages, once per pod."""
     known = {seen.pod.uid: seen for seen in p.observed.stops if seen.stopped}
     for pod in p.observed.trainer_pods.values():
@@ -65,14 +59,14 @@ def stopped_pods(p: _Pass) -> list[StopSeen]:
     return sorted(known.values(), key=lambda seen: seen.seen_at)
 
 
-def _rendezvous_evicted(p: _Pass) -> bool:
+def _rendezvous_evicted(p: Pass) -> bool:
     """An eviction of the rendezvous pod is being recovered from (every pod is replaced)."""
     return any(i.cause == IncidentCause.POD_EVICTED and i.node_index is None
                and i.action == RecoveryAction.RESCHEDULE and i.recovered_time is None
                for i in p.incidents)
 
 
-def why_stopped(p: _Pass, seen: StopSeen) -> tuple[StopReason | None, str | None]:
+def why_stopped(p: Pass, seen: StopSeen) -> tuple[StopReason | None, str | None]:
     """Why the trainers of this pod were asked to stop (None: the operator's own recovery or a
     pod deleted by hand, which are not recorded), and a complaint about the annotation."""
     if p.spec.suspend:
@@ -128,7 +122,7 @@ def deleted_stop(stops: Iterable[StopSeen]) -> LastStop | None:
     return last_stop(StopReason.DELETED, newest)
 
 
-def record_stop(p: _Pass, written: ResilientTrainingJobStatus) -> ResilientTrainingJobStatus:
+def record_stop(p: Pass, written: ResilientTrainingJobStatus) -> ResilientTrainingJobStatus:
     """`written` with the newest stop this pass knows of as `lastStop` (when it is newer than the
     recorded one and has a reason to record), `lastCheckpoint` moved up to it, and one
     `CheckpointedBeforeStop` Event."""

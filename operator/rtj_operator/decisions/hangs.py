@@ -1,14 +1,8 @@
-"""Rule 7, finding faults: the ranks' state from the pods and the scraped metrics, and the
-faults in them.
-
-A fault is a trainer pod that failed, vanished or was deleted by someone else; a pod whose node
-is lost (NotReady/unreachable, tainted by the node controller) and whose heartbeats stopped
-(`NodeLost`); a pod still Pending `podStartTimeoutSeconds` after it was created
-(`PodStartTimeout`); the rendezvous pod lost (gone, deleting, ended, on a lost node, or never
-started); a rank without a heartbeat for `heartbeatTimeoutSeconds +
-initialHeartbeatTimeoutSeconds` (ft_launcher had its chance to restart the workers inside the pod
-first); or a job whose slowest step did not advance for `progressTimeoutSeconds` although every
-rank sends heartbeats.
+"""Rule 7, finding hangs: the ranks' state from the pods and the scraped metrics
+(`observe_ranks`), and the hangs in them: a rank without a heartbeat for
+`heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds` (ft_launcher had its chance to restart
+the workers inside the pod first), or a job whose slowest step did not advance for
+`progressTimeoutSeconds` although every rank sends heartbeats (`hang_faults`).
 
 The heartbeat timeout counts per pod (`_pod_clock`): from the latest of the pod's own start, the
 start of every other training pod that runs, the rendezvous pod's start and the last recovery;
@@ -18,7 +12,7 @@ heartbeat timeouts (their launchers wait for it in the rendezvous), and that dea
 wait (`_starting_peer`). The job-wide progress timeout (`_clock_start`) still needs every active
 pod and the rendezvous pod Running: the slowest step means nothing while a pod is missing.
 
-A hang is declared only on evidence (`silence`, `_liveness_faults`):
+A hang is declared only on evidence (`silence`, `hang_faults`):
 - a pod that answers, with its ranks' heartbeat stale (or none of them ever sent one);
 - a SILENT pod (its endpoint did not answer: a frozen or wedged host whose kubelet still
   reports Ready) that stays silent for `heartbeatTimeoutSeconds +
@@ -38,7 +32,9 @@ job trains, so the silent pods take part in it: only the operator cannot read th
 
 The whole hang policy lives here, including how one pod's ranks add up (`oldest_heartbeat`,
 `completed_step`: only a pod whose every local rank answered counts); `observed.py` holds only what
-was scraped. What the operator does about a fault is `recovery.py`.
+was scraped. The faults of the pods themselves (failed, vanished, evicted, lost with their node,
+not starting; the rendezvous pod lost) are `podfaults.py`, which looks for hangs only when the pods
+show none; what the operator does about a fault is `recovery.py`.
 """
 
 from __future__ import annotations
@@ -47,10 +43,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from rtj_operator import naming
-from rtj_operator.api.status import ConditionType, IncidentCause, RankState
-from rtj_operator.decisions.state import DetectedFault, _Pass, from_unix, iso
-from rtj_operator.launcher import NO_RESTART_EXIT_CODE
-from rtj_operator.observed import NodeLiveness, PodView
+from rtj_operator.api.vocabulary import IncidentCause, RankState
+from rtj_operator.decisions.state import DetectedFault, Pass, from_unix, iso
+from rtj_operator.observed import NodeLiveness
 
 
 def oldest_heartbeat(node: NodeLiveness) -> float | None:
@@ -69,10 +64,7 @@ def completed_step(node: NodeLiveness) -> int | None:
     return min(steps)
 
 
-# --- rule 7: faults -----------------------------------------------------------------------------
-
-
-def _node_heartbeat(p: _Pass, index: int) -> datetime | None:
+def node_heartbeat(p: Pass, index: int) -> datetime | None:
     """The node's newest known heartbeat: scraped now, else what status remembers."""
     node = p.liveness.get(index)
     pod = p.observed.trainer_pods.get(index)
@@ -86,7 +78,7 @@ def _node_heartbeat(p: _Pass, index: int) -> datetime | None:
     return None
 
 
-def _node_liveness(p: _Pass, index: int) -> NodeLiveness | None:
+def _node_liveness(p: Pass, index: int) -> NodeLiveness | None:
     node = p.liveness.get(index)
     pod = p.observed.trainer_pods.get(index)
     if node is None or pod is None or node.pod_uid != pod.uid:
@@ -94,7 +86,7 @@ def _node_liveness(p: _Pass, index: int) -> NodeLiveness | None:
     return node
 
 
-def finishing(p: _Pass, index: int) -> bool:
+def finishing(p: Pass, index: int) -> bool:
     """The pod runs, but its launcher reports that every local worker exited 0: its training is
     done and the launcher waits in torchelastic's exit barrier for the others (5 s in a job
     with spares). Its heartbeats stopped for that reason: it is neither hung nor stale."""
@@ -104,38 +96,7 @@ def finishing(p: _Pass, index: int) -> bool:
             and node is not None and node.finished)
 
 
-def training_finished(p: _Pass, index: int) -> bool:
-    """The pod finished its training: it exited 0 at the end of training (not a stop), or it
-    is `finishing`."""
-    pod = p.observed.trainer_pods.get(index)
-    return pod is not None and (pod.completed_training or finishing(p, index))
-
-
-def training_done(p: _Pass) -> bool:
-    """Every rank of the job finished its training and committed its final checkpoint: a trainer
-    pod said `Succeeded` in its termination message, or its launcher reports that every local
-    worker exited 0 (`finishing`). The trainer gets there only past its end-of-training barrier,
-    which every rank passes once every final checkpoint is committed (rtj_trainer.trainer
-    `finish`). From then on a pod that fails, vanishes or is lost has lost nothing: there is no
-    fault to recover, only a job to finish (lifecycle.completion)."""
-    return any(
-        (pod.completed_training and pod.outcome is not None and pod.outcome.outcome == "Succeeded")
-        or finishing(p, index)
-        for index, pod in p.observed.trainer_pods.items()
-    )
-
-
-def failure_reason(pod: PodView) -> str:
-    """How a failed pod's failure is named in messages: its exit code, else the kubelet's reason."""
-    return f"exit code {pod.exit_code}" if pod.exit_code is not None else (
-        pod.reason or "unknown reason")
-
-
-BENIGN_WAITING = frozenset({"ContainerCreating", "PodInitializing"})
-"""Reasons a container waits that are a normal part of starting (not shown at once)."""
-
-
-def _read_moment(p: _Pass, index: int) -> datetime:
+def _read_moment(p: Pass, index: int) -> datetime:
     """When what the pass knows of the pod's heartbeat was read: its liveness read's own time
     (a pass may reuse a read from a moment ago), else the pass's clock. A heartbeat's age is
     measured at its read: an old read never makes a heartbeat look staler than it was."""
@@ -145,39 +106,14 @@ def _read_moment(p: _Pass, index: int) -> datetime:
     return p.now
 
 
-def _fresh(p: _Pass, index: int, beat: datetime) -> bool:
+def _fresh(p: Pass, index: int, beat: datetime) -> bool:
     """Whether heartbeat `beat` of the pod was younger than heartbeatTimeoutSeconds when it was
     read."""
     limit = timedelta(seconds=p.spec.fault_tolerance.heartbeat_timeout_seconds)
     return _read_moment(p, index) - beat <= limit
 
 
-def _beating(p: _Pass, index: int) -> bool:
-    """Whether the pod's newest heartbeat is younger than heartbeatTimeoutSeconds."""
-    beat = _node_heartbeat(p, index)
-    return beat is not None and _fresh(p, index, beat)
-
-
-def lost_pods(p: _Pass) -> None:
-    """Record (`p.lost`) the pods that are safe to force-delete: a trainer pod on a lost node
-    whose heartbeats stopped (a pod that still answers with heartbeats is still running, and a
-    second pod of its name would join the job beside it), and the rendezvous pod on a lost node
-    (the trainers reach the rendezvous through its Service, never the old pod). Runs before
-    every rule: suspending, failing or finishing a job force-deletes these pods too."""
-    limit = timedelta(seconds=p.spec.fault_tolerance.heartbeat_timeout_seconds)
-    for index, pod in p.observed.trainer_pods.items():
-        # Measured against now, not at the pod's last read: a pod on a lost node is not read
-        # any more (it does not answer, or it is Terminating), and its last read, however
-        # fresh then, is no evidence that it still runs.
-        beat = _node_heartbeat(p, index)
-        if pod.node_lost and (beat is None or p.now - beat > limit):
-            p.lost[pod.uid] = pod.node_name or ""
-    rendezvous = p.observed.rendezvous_pod
-    if rendezvous is not None and rendezvous.node_lost:
-        p.lost[rendezvous.uid] = rendezvous.node_name or ""
-
-
-def _pod_clock(p: _Pass, index: int) -> datetime | None:
+def _pod_clock(p: Pass, index: int) -> datetime | None:
     """When the pod's heartbeat timeout starts counting: the latest of its own (re)start, the
     start of every other training pod that runs (its workers wait for theirs), the rendezvous
     pod's start and the last recovery. None while the pod or the rendezvous pod is not
@@ -192,7 +128,7 @@ def _pod_clock(p: _Pass, index: int) -> datetime | None:
     return max(moments) if moments else None
 
 
-def _shared_clock(p: _Pass) -> datetime | None:
+def _shared_clock(p: Pass) -> datetime | None:
     """The part of every pod's clock that does not depend on the pod: the latest start of the
     training (not standby) pods that run, the rendezvous pod's start and the last recovery.
     Computed once per pass (`_pod_clock` runs for every pod, several times): again only when
@@ -213,7 +149,7 @@ def _shared_clock(p: _Pass) -> datetime | None:
     return clock
 
 
-def _starting_peer(p: _Pass) -> int | None:
+def _starting_peer(p: Pass) -> int | None:
     """An active pod that is Pending within podStartTimeoutSeconds of its creation, if any.
     Every launcher waits for it in the rendezvous, so the others send no heartbeats meanwhile:
     their heartbeat timeouts wait, for at most podStartTimeoutSeconds (then the Pending pod is
@@ -228,7 +164,7 @@ def _starting_peer(p: _Pass) -> int | None:
     return None
 
 
-def _clock_start(p: _Pass) -> datetime | None:
+def _clock_start(p: Pass) -> datetime | None:
     """When every trainer pod was last (re)started or the last recovery began: the reference
     from which the job-wide progress timeout counts. None while some active pod or the
     rendezvous pod is not running (the job's slowest step means nothing then); heartbeat
@@ -249,7 +185,7 @@ def _clock_start(p: _Pass) -> datetime | None:
     return max(moments) if moments else None
 
 
-def _standby(p: _Pass, index: int, node: NodeLiveness | None) -> bool:
+def _standby(p: Pass, index: int, node: NodeLiveness | None) -> bool:
     """Whether the pod trains nothing now: its every rank says it is a warm spare, or it is a
     replacement still waiting for the next launcher round (no worker answers yet; once its
     ranks answer, it joined a round and is no longer waiting)."""
@@ -262,7 +198,7 @@ def _standby(p: _Pass, index: int, node: NodeLiveness | None) -> bool:
     return answered and node is not None and all(sample.standby for sample in node.samples)
 
 
-def observe_ranks(p: _Pass) -> None:
+def observe_ranks(p: Pass) -> None:
     """Fill ranks[] from the pods and the scraped metrics."""
     for index in range(p.pods):
         pod = p.observed.trainer_pods.get(index)
@@ -272,7 +208,7 @@ def observe_ranks(p: _Pass) -> None:
             p.rank(index, pod=None, node=None)
             continue
         node = _node_liveness(p, index)
-        beat = _node_heartbeat(p, index)
+        beat = node_heartbeat(p, index)
         step = completed_step(node) if node is not None else None
         previous = p.prev_ranks.get(index)
         if step is None and previous is not None and previous.attempt == pod.attempt:
@@ -323,7 +259,7 @@ class Silence:
         return bool(self.silent) and not self.outage and self.stuck
 
 
-def silence(p: _Pass) -> Silence:
+def silence(p: Pass) -> Silence:
     """Sort the job's pods that could hang in this pass into silent and answering ones."""
     starting = _starting_peer(p)
     silent: list[int] = []
@@ -344,7 +280,7 @@ def silence(p: _Pass) -> Silence:
     return Silence(tuple(silent), tuple(answering), outage, stuck)
 
 
-def _silent_for(p: _Pass, index: int) -> timedelta:
+def _silent_for(p: Pass, index: int) -> timedelta:
     """How long the pod has been silent, counted from its clock at the earliest."""
     pod = p.observed.trainer_pods[index]
     clock = _pod_clock(p, index)
@@ -354,7 +290,7 @@ def _silent_for(p: _Pass, index: int) -> timedelta:
     return p.now - since
 
 
-def degraded_observation(p: _Pass) -> str | None:
+def degraded_observation(p: Pass) -> str | None:
     """Why observation is degraded: running pods whose liveness could not be read for longer
     than heartbeatTimeoutSeconds, when that silence is no evidence against them (`Silence`:
     an outage, or a job that trains on without them being read); None when every pod could
@@ -373,14 +309,14 @@ def degraded_observation(p: _Pass) -> str | None:
             f"{shown}; a pod is declared hung only on its own stale heartbeat")
 
 
-def mark_unresponsive(p: _Pass) -> None:
+def mark_unresponsive(p: Pass) -> None:
     """Publish a stale heartbeat as soon as it is one (rule 7, detection): a pod that answers,
     whose clock counts (`silence`) and whose ranks' newest heartbeat since that clock was older
     than heartbeatTimeoutSeconds when it was read, is `Unresponsive` (with `unresponsiveSince`)
     and gets one `HeartbeatStale` Warning Event per episode; `HeartbeatResumed` when it beats
     again. Nothing is done about it yet: ft_launcher restarts the workers inside the pod at
     heartbeatTimeoutSeconds, and the operator replaces the pod only after heartbeatTimeoutSeconds
-    + initialHeartbeatTimeoutSeconds (`_liveness_faults`). A pod that does not answer is never
+    + initialHeartbeatTimeoutSeconds (`hang_faults`). A pod that does not answer is never
     Unresponsive: could not observe is not a stale heartbeat."""
     ft = p.spec.fault_tolerance
     for index in silence(p).answering:
@@ -413,7 +349,7 @@ def mark_unresponsive(p: _Pass) -> None:
                     f"Pod {rank.pod}: its ranks send heartbeats again")
 
 
-def heartbeat_deadlines(p: _Pass) -> dict[int, datetime]:
+def heartbeat_deadlines(p: Pass) -> dict[int, datetime]:
     """For each pod that answers and whose clock counts, the next moment its heartbeat verdict
     changes if its heartbeat stays where it is: it turns `Unresponsive` after newest heartbeat +
     heartbeatTimeoutSeconds, and is hung after that + initialHeartbeatTimeoutSeconds (or, with no
@@ -440,235 +376,49 @@ def heartbeat_deadlines(p: _Pass) -> dict[int, datetime]:
     return deadlines
 
 
-def _lost_node_fault(p: _Pass, index: int, pod: PodView) -> DetectedFault:
-    beat = _node_heartbeat(p, index)
-    seen = f"since {iso(beat)}" if beat is not None else "ever"
-    return DetectedFault(
-        IncidentCause.NODE_LOST, index, p.now,
-        f"node {pod.node_name} of pod {pod.name} is lost (Ready={pod.node_ready}, tainted "
-        f"unreachable/not-ready) and the pod sent no heartbeat {seen}: force-deleting it",
-        node=pod.node_name,
-    )
-
-
-def _not_starting(p: _Pass, pod: PodView, index: int | None) -> DetectedFault | None:
-    """Record why a Pending pod does not start (shown at once in the PodsNotStarting
-    condition); past podStartTimeoutSeconds from its creation it is a fault."""
-    if pod.phase != "Pending" or pod.deleting:
-        return None
-    timeout = p.spec.fault_tolerance.pod_start_timeout_seconds
-    problem = pod.start_problem
-    late = pod.created_at is not None and p.now - pod.created_at > timedelta(seconds=timeout)
-    if problem is not None and (late or problem[0] not in BENIGN_WAITING):
-        p.not_starting.append((pod.name, problem[0], problem[1]))
-    elif late:
-        p.not_starting.append((pod.name, IncidentCause.POD_START_TIMEOUT, "still Pending"))
-    if not late or pod.created_at is None:
-        return None
-    why = f"{problem[0]}: {problem[1]}" if problem is not None else "no reason given"
-    where = f"on node {pod.node_name}" if pod.node_name else "unscheduled"
-    return DetectedFault(
-        IncidentCause.POD_START_TIMEOUT, index, p.now,
-        f"pod {pod.name} is still Pending {where} since {iso(pod.created_at)} "
-        f"(podStartTimeoutSeconds={timeout}): {why}",
-        whole_job=index is None, node=pod.node_name,
-    )
-
-
-PEER_VERDICT_GRACE = timedelta(seconds=15)
-"""How long a launcher's bare no-restart exit waits for the pod that caused it to report."""
-
-
-def following_a_peer(p: _Pass, pod: PodView) -> bool:
-    """A launcher that exited 93 without a message of its own stopped because another launcher
-    of the job said "do not restart" (rtj_trainer.launcher): the reason is in that pod's
-    termination message, which may reach the API a moment later. While another trainer pod has
-    not ended yet, wait for it, up to PEER_VERDICT_GRACE after this pod ended."""
-    if pod.exit_code != NO_RESTART_EXIT_CODE or pod.outcome is not None:
-        return False
-    if pod.finished_at is not None and p.now >= pod.finished_at + PEER_VERDICT_GRACE:
-        return False
-    return any(other.phase not in ("Succeeded", "Failed")
-               for other in p.observed.trainer_pods.values() if other is not pod)
-
-
-def _closed_after_training(p: _Pass, rendezvous: PodView | None) -> bool:
-    """The rendezvous pod exited 0 after a trainer pod completed its training (exit 0, not a
-    stop, or `finishing`): a launcher whose workers finished closes the rendezvous for good and
-    nvrx-control then exits, while the other launchers may still wait in torchelastic's exit
-    barrier (30 s when a standby spare never reaches it). That is the job ending (rule 6 finishes
-    it once they exit), not a lost store."""
-    if rendezvous is None or rendezvous.deleting or rendezvous.phase != "Succeeded":
-        return False
-    return any(training_finished(p, index) for index in p.observed.trainer_pods)
-
-
-def find_faults(p: _Pass) -> list[DetectedFault]:
-    if training_done(p):
-        # Nothing is left to recover: a pod lost now is finished by rule 6 (completion), and
-        # a lost rendezvous only ends the exit barrier early.
-        return []
-    faults: list[DetectedFault] = []
-    pods = p.observed.trainer_pods
-    refused_before = any(c.type == ConditionType.ADMISSION_REFUSED and c.status == "True"
-                         for c in p.prev.conditions)
-    for index in range(p.pods):
-        pod = pods.get(index)
-        state = (p.prev_ranks.get(index).state  # type: ignore[union-attr]
-                 if index in p.prev_ranks else None)
-        if pod is not None and pod.uid in p.lost:
-            if pod.deleting and state in (RankState.RESTARTING, RankState.SUSPENDED, None):
-                # Already being replaced, but its kubelet will never confirm: free its name.
-                p.delete_pod(pod, "its replacement waits for the name")
-            else:
-                faults.append(_lost_node_fault(p, index, pod))
-            continue
-        if pod is not None:
-            late = _not_starting(p, pod, index)
-            if late is not None:
-                faults.append(late)
-                continue
-        if pod is None:
-            if state == RankState.PENDING and refused_before:
-                continue  # its create was refused (AdmissionRefused): created again, no fault
-            if state in (RankState.STARTING, RankState.RUNNING, RankState.PENDING,
-                     RankState.STANDBY, RankState.UNRESPONSIVE):
-                gone_evicted = _evicted_before_seen(p, index)
-                faults.append(_eviction(p, index, gone_evicted) if gone_evicted is not None else
-                              DetectedFault(IncidentCause.POD_VANISHED, index, p.now,
-                                            f"pod {naming.trainer_pod_name(p.job.name, index)} "
-                                            "is gone"))
-            continue
-        if pod.deleting:
-            if state not in (RankState.RESTARTING, RankState.SUSPENDED, None):
-                faults.append(_eviction(p, index, pod) if pod.voluntarily_disrupted else
-                              DetectedFault(IncidentCause.POD_DELETED, index, p.now,
-                                            f"pod {pod.name} was deleted by someone else"))
-            continue
-        if pod.phase == "Failed" and not following_a_peer(p, pod):
-            faults.append(DetectedFault(IncidentCause.POD_FAILED, index, pod.finished_at or p.now,
-                                f"pod {pod.name} failed ({failure_reason(pod)})"))
-    rendezvous = p.observed.rendezvous_pod
-    live_trainers = [pod for pod in pods.values() if not pod.deleting]
-    lost = rendezvous is not None and rendezvous.uid in p.lost
-    rendezvous_evicted = _rendezvous_eviction(p)
-    if live_trainers and rendezvous_evicted is not None:
-        # Every pod starts again: the other faults of this pass need nothing more.
-        return [rendezvous_evicted]
-    if live_trainers and not _closed_after_training(p, rendezvous) and (
-        rendezvous is None or rendezvous.deleting or rendezvous.terminated or lost
-    ):
-        # The store and the rounds are gone: every launcher fails; restart everything.
-        detail = "is gone" if rendezvous is None else (
-            f"is on lost node {rendezvous.node_name} (Ready={rendezvous.node_ready})" if lost
-            else "is being deleted" if rendezvous.deleting else f"ended ({rendezvous.phase})")
-        faults.append(DetectedFault(IncidentCause.RENDEZVOUS_LOST, None, p.now,
-                            f"rendezvous pod {naming.rendezvous_name(p.job.name)} {detail}",
-                            whole_job=True,
-                            node=rendezvous.node_name if lost and rendezvous else None))
-    elif rendezvous is not None and rendezvous.deleting and lost:
-        p.delete_pod(rendezvous, "a new rendezvous pod waits for the name")
-    elif rendezvous is not None:
-        late = _not_starting(p, rendezvous, None)
-        if late is not None and live_trainers:
-            faults.append(late)
-    if not faults:
-        faults.extend(_liveness_faults(p))
-    return faults
-
-
-def _eviction(p: _Pass, index: int, pod: PodView) -> DetectedFault:
-    """A trainer pod a voluntary disruption ends (a drain's eviction, the scheduler's
-    preemption): not a fault of the pod or its node."""
-    where = f" from node {pod.node_name}" if pod.node_name else ""
-    how = "preempted" if pod.disruption == "PreemptionByScheduler" else "evicted"
-    return DetectedFault(
-        IncidentCause.POD_EVICTED, index, p.now,
-        f"pod {pod.name} was {how}{where} ({pod.disruption}): its trainers commit a checkpoint "
-        "of the current step before they stop",
-    )
-
-
-def _evicted_before_seen(p: _Pass, index: int) -> PodView | None:
-    """The pod of `index` the pod watch saw evicted, when it went away before a pass saw it
-    deleting: the same attempt the status shows, so an older eviction never counts."""
-    previous = p.prev_ranks.get(index)
-    if previous is None or previous.attempt is None:
-        return None
-    for seen in reversed(p.observed.stops):
-        pod = seen.pod
-        if (pod.role == naming.ROLE_TRAINER and pod.node_index == index
-                and pod.attempt == previous.attempt and pod.voluntarily_disrupted):
-            return pod
-    return None
-
-
-RENDEZVOUS_EVICTION_SEEN_SECONDS = 120
-"""How recent an eviction of the rendezvous pod the pod watch saw must be to explain that the
-rendezvous pod is gone (its pods carry no attempt to match, unlike trainer pods)."""
-
-
-def _rendezvous_eviction(p: _Pass) -> DetectedFault | None:
-    """The rendezvous pod was evicted (Terminating with a voluntary `DisruptionTarget`, or gone
-    while the pod watch saw it evicted recently) and this is not being recovered from yet:
-    every pod is replaced, without spending a budget."""
-    rendezvous = p.observed.rendezvous_pod
-    evicted: PodView | None = None
-    if rendezvous is not None and rendezvous.deleting and rendezvous.voluntarily_disrupted:
-        evicted = rendezvous
-    elif rendezvous is None:
-        since = p.now - timedelta(seconds=RENDEZVOUS_EVICTION_SEEN_SECONDS)
-        recent = [seen for seen in p.observed.stops
-                  if seen.pod.role == naming.ROLE_RENDEZVOUS and seen.pod.voluntarily_disrupted
-                  and seen.seen_at >= since]
-        if recent and not any(i.cause == IncidentCause.POD_EVICTED and i.node_index is None
-                              and i.acted_time is not None
-                              and i.acted_time >= recent[-1].seen_at for i in p.incidents):
-            evicted = recent[-1].pod
-    if evicted is None:
-        return None
-    if any(i.cause == IncidentCause.POD_EVICTED and i.node_index is None
-           and i.recovered_time is None for i in p.incidents):
-        return None  # already being recovered from
-    where = f" from node {evicted.node_name}" if evicted.node_name else ""
-    return DetectedFault(
-        IncidentCause.POD_EVICTED, None, p.now,
-        f"rendezvous pod {evicted.name} was evicted{where} ({evicted.disruption}): every "
-        "launcher lost the store and its trainers commit a checkpoint of the current step; every "
-        "pod starts again",
-        whole_job=True,
-    )
-
-
-def _liveness_faults(p: _Pass) -> list[DetectedFault]:
+def hang_faults(p: Pass) -> list[DetectedFault]:
     """Hangs: no heartbeat (per pod), or no progress although every rank sends heartbeats."""
     ft = p.spec.fault_tolerance
     hang_after = timedelta(
         seconds=ft.heartbeat_timeout_seconds + ft.initial_heartbeat_timeout_seconds
     )
-    faults: list[DetectedFault] = []
     heard = silence(p)
     if heard.evidence:
         # A minority of silent pods in a stuck job: the silent ones are the suspects, once
         # their silence outlasts both timeouts; the answering ones wait for them meanwhile.
-        for index in heard.silent:
-            quiet = _silent_for(p, index)
-            if quiet > hang_after:
-                pod = p.observed.trainer_pods[index]
-                faults.append(DetectedFault(
-                    IncidentCause.HEARTBEAT_TIMEOUT, index, p.now,
-                    f"no heartbeat from pod {pod.name}: it stopped answering "
-                    f"{int(quiet.total_seconds())} s ago while "
-                    f"{len(heard.answering)} of the job's "
-                    f"{len(heard.answering) + len(heard.silent)} running pods answer, with "
-                    f"stale heartbeats (their workers wait for it) "
-                    f"(heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds = "
-                    f"{int(hang_after.total_seconds())} s)",
-                    node=pod.node_name,
-                ))
-        return faults
+        return _silent_pod_faults(p, heard, hang_after)
     # Without silent suspects: each answering pod on its own heartbeat. A silent pod is not
     # observed in this pass: no evidence either way (an outage, or a job that trains on).
+    return _stale_heartbeat_faults(p, heard, hang_after) or _progress_faults(p)
+
+
+def _silent_pod_faults(p: Pass, heard: Silence, hang_after: timedelta) -> list[DetectedFault]:
+    """The silent pods of a stuck job whose silence outlasted both timeouts."""
+    faults: list[DetectedFault] = []
+    for index in heard.silent:
+        quiet = _silent_for(p, index)
+        if quiet > hang_after:
+            pod = p.observed.trainer_pods[index]
+            faults.append(DetectedFault(
+                IncidentCause.HEARTBEAT_TIMEOUT, index, p.now,
+                f"no heartbeat from pod {pod.name}: it stopped answering "
+                f"{int(quiet.total_seconds())} s ago while "
+                f"{len(heard.answering)} of the job's "
+                f"{len(heard.answering) + len(heard.silent)} running pods answer, with "
+                f"stale heartbeats (their workers wait for it) "
+                f"(heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds = "
+                f"{int(hang_after.total_seconds())} s)",
+                node=pod.node_name,
+            ))
+    return faults
+
+
+def _stale_heartbeat_faults(
+    p: Pass, heard: Silence, hang_after: timedelta
+) -> list[DetectedFault]:
+    """The answering pods whose newest heartbeat since their clock (or the clock itself, with
+    none since) was older than both timeouts when it was read."""
+    faults: list[DetectedFault] = []
     for index in heard.answering:
         clock = _pod_clock(p, index)
         if clock is None:
@@ -685,8 +435,13 @@ def _liveness_faults(p: _Pass) -> list[DetectedFault]:
                 f"{int(hang_after.total_seconds())} s)",
                 node=p.observed.trainer_pods[index].node_name,
             ))
-    if faults:
-        return faults
+    return faults
+
+
+def _progress_faults(p: Pass) -> list[DetectedFault]:
+    """The job's slowest step did not advance for progressTimeoutSeconds although every rank
+    sends heartbeats (the step and since when it stood are kept in `p.progress_*`)."""
+    ft = p.spec.fault_tolerance
     clock = _clock_start(p)
     if clock is None or any(finishing(p, i) for i in p.active()):
         # No job-wide step to watch: a pod is missing, or the training is ending.

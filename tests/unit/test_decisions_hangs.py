@@ -1,4 +1,4 @@
-"""Rule 7, finding faults (`decisions/liveness.py`): ranks from the pods and the scrapes,
+"""Rule 7, finding hangs (`decisions/hangs.py`): ranks from the pods and the scrapes,
 heartbeat and progress timeouts.
 """
 
@@ -8,8 +8,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
-from rtj_operator.api.status import IncidentCause, Reason
-from rtj_operator.decisions.liveness import completed_step, oldest_heartbeat
+from rtj_operator.api.vocabulary import IncidentCause, Reason
+from rtj_operator.decisions.hangs import completed_step, oldest_heartbeat
 from rtj_operator.intents import DeletePod
 from rtj_operator.observed import NodeLiveness, RankSample
 from unit.decisions_builders import (
