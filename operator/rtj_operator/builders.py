@@ -15,6 +15,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
+from rtj_wire.pod import pod_endpoint_port
+
 from rtj_operator import launcher, naming, profiles
 from rtj_operator.api import API_VERSION, KIND
 from rtj_operator.api.models import ResilientTrainingJob
@@ -287,7 +289,7 @@ def _trainer_container(
             if value
         },
         "volumeMounts": mounts,
-        # The trainer's termination message (rtj_operator.termination); when the trainer wrote
+        # The trainer's termination message (rtj_wire.termination); when the trainer wrote
         # none and the container failed, the kubelet keeps the log's tail there instead.
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -404,7 +406,7 @@ def network_policy(
             NAMESPACE_NAME_LABEL: settings.network_policy_operator_namespace}}}
         peer["podSelector"] = {"matchLabels": operator_labels} if operator_labels else {}
         # The pod's liveness endpoint (one below the first rank's port) and every rank's.
-        first = naming.pod_endpoint_port(settings.trainer_metrics_port)
+        first = pod_endpoint_port(settings.trainer_metrics_port)
         last = settings.trainer_metrics_port + plan.procs_per_node - 1
         port: Manifest = {"protocol": "TCP", "port": first, "endPort": last}
         ingress.append({"from": [peer], "ports": [port]})

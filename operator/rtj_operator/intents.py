@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rtj_wire import lostpods
+
 Manifest = dict[str, Any]
 """A Kubernetes object (or part of one) as a camelCase JSON-like dict."""
 
@@ -98,8 +100,8 @@ class AnnouncePodLoss:
     """Pod IPs of the pods to tell."""
 
     def document(self) -> dict[str, Any]:
-        """The request body."""
-        return {"pods": [{"uid": self.uid, "name": self.name, "cause": self.cause}]}
+        """The request body (rtj_wire.lostpods)."""
+        return lostpods.document([lostpods.LostPod(self.uid, self.name, self.cause)])
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,6 @@ CHECKPOINT_VOLUME = "checkpoints"
 SHM_VOLUME = "dshm"
 
 
-def pod_endpoint_port(base_port: int) -> int:
-    """Port of a trainer pod's liveness endpoint (the launcher shim's `GET /ranks`): one below
-    the first rank's metrics port (`rtj_trainer.launcher.podmetrics.pod_port`)."""
-    return base_port - 1
-
-
 def trainer_pod_name(job_name: str, node_index: int) -> str:
     """`<job>-<i>`: also the pod's hostname."""
     return f"{job_name}-{node_index}"

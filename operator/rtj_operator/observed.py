@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from rtj_operator.termination import TrainerOutcome
+from rtj_wire.termination import TerminationMessage
 
 VOLUNTARY_DISRUPTIONS = frozenset({"EvictionByEvictionAPI", "PreemptionByScheduler"})
 """`DisruptionTarget` reasons of a voluntary disruption: someone asked for the pod's place (a
@@ -42,8 +42,8 @@ class PodView:
     finished_at: datetime | None = None
     node_name: str | None = None
     pod_ip: str | None = None
-    outcome: TrainerOutcome | None = None
-    """The trainer's termination message (`rtj_operator.termination`), once it has one."""
+    outcome: TerminationMessage | None = None
+    """The trainer's termination message (`rtj_wire.termination`), once it has one."""
     outcome_problem: str | None = None
     """Why a termination message was there but ignored (not the trainer's format)."""
     created_at: datetime | None = None

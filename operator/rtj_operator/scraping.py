@@ -31,105 +31,42 @@ from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+from rtj_wire import lostpods
+from rtj_wire import ranks as wire_ranks
+from rtj_wire.pod import pod_endpoint_port
+from rtj_wire.ranks import RankRecord
 
 from rtj_operator.intents import AnnouncePodLoss
-from rtj_operator.naming import pod_endpoint_port
 from rtj_operator.observed import NodeLiveness, PodView, RankLiveness, RankSample
 
-METRIC_PREFIX = "rtj_trainer_"
-LOST_PODS_PATH = "/lost-pods"
-"""Where a trainer pod's endpoint takes verdicts on lost peer pods (rtj_trainer.podloss)."""
+
+def _sample(record: RankRecord) -> RankSample:
+    return RankSample(
+        local_rank=record.local_rank, rank=record.rank, heartbeat=record.heartbeat,
+        step=record.step, committed_step=record.committed_step,
+        committed_time=record.committed_time, goodput_ratio=record.goodput_ratio,
+        restarts=dict(record.restarts), standby=record.standby)
 
 
 def rank_sample_from_text(text: str, *, local_rank: int) -> RankSample:
     """A RankSample from one /metrics response (Prometheus text format)."""
-    values: dict[str, float] = {}
-    restarts: dict[str, int] = {}
-    rank: int | None = None
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not sample.name.startswith(METRIC_PREFIX):
-                continue
-            name = sample.name[len(METRIC_PREFIX):]
-            if "rank" in sample.labels and rank is None:
-                try:
-                    rank = int(sample.labels["rank"])
-                except ValueError:
-                    rank = None
-            if name == "restarts_total":
-                kind = sample.labels.get("kind", "")
-                restarts[kind] = int(sample.value)
-            elif name not in values:
-                values[name] = float(sample.value)
-
-    def integer(name: str) -> int | None:
-        value = values.get(name)
-        return int(value) if value is not None else None
-
-    committed = integer("checkpoint_committed_step")
-    heartbeat = values.get("heartbeat_timestamp_seconds")
-    return RankSample(
-        local_rank=local_rank,
-        rank=rank,
-        heartbeat=heartbeat if heartbeat else None,
-        step=integer("step"),
-        committed_step=committed if committed is not None and committed >= 0 else None,
-        committed_time=values.get("checkpoint_committed_timestamp_seconds") or None,
-        goodput_ratio=values.get("goodput_ratio"),
-        restarts=restarts,
-        standby=values.get("standby", 0.0) >= 1.0,
-    )
-
-
-def _number(record: Mapping[str, Any], key: str) -> float | None:
-    value = record.get(key)
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def rank_sample_from_record(record: Mapping[str, Any]) -> RankSample:
-    """A RankSample from one entry of a pod's `GET /ranks` document."""
-    local_rank = record.get("localRank")
-    if not isinstance(local_rank, int) or isinstance(local_rank, bool) or local_rank < 0:
-        raise ValueError(f"ranks[].localRank: expected an integer >= 0, got {local_rank!r}")
-    rank = record.get("rank")
-    heartbeat = _number(record, "heartbeat")
-    step = _number(record, "step")
-    committed = _number(record, "committedStep")
-    restarts = record.get("restarts") or {}
-    return RankSample(
-        local_rank=local_rank,
-        rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
-        heartbeat=heartbeat if heartbeat else None,
-        step=int(step) if step is not None else None,
-        committed_step=int(committed) if committed is not None and committed >= 0 else None,
-        committed_time=_number(record, "committedTime") or None,
-        goodput_ratio=_number(record, "goodputRatio"),
-        restarts={str(k): int(v) for k, v in restarts.items()
-                  if isinstance(v, int | float)} if isinstance(restarts, dict) else {},
-        standby=record.get("standby") is True,
-    )
+    return _sample(RankRecord.from_samples(
+        ((sample.name, sample.labels, sample.value)
+         for family in text_string_to_metric_families(text) for sample in family.samples),
+        local_rank=local_rank))
 
 
 def node_liveness_from_json(
     text: str | bytes, *, node_index: int, pod_uid: str, procs: int
 ) -> NodeLiveness:
-    """A pod's `GET /ranks` document as its NodeLiveness (ranks that never answered are not in
-    it: the pod is then incomplete; `"finished": true`: every local worker exited 0). Raises
-    ValueError for a document of another shape."""
-    document = json.loads(text)
-    ranks = document.get("ranks") if isinstance(document, dict) else None
-    if not isinstance(ranks, list):
-        raise ValueError("expected a JSON object with a `ranks` list")
-    samples = {}
-    for record in ranks:
-        if not isinstance(record, dict):
-            raise ValueError("ranks[]: expected objects")
-        sample = rank_sample_from_record(record)
-        if sample.local_rank < procs:
-            samples[sample.local_rank] = sample
+    """A pod's `GET /ranks` document (rtj_wire.ranks) as its NodeLiveness (ranks that never
+    answered are not in it: the pod is then incomplete; `"finished": true`: every local worker
+    exited 0). Raises ValueError for a document of another shape."""
+    document = wire_ranks.parse_document(json.loads(text))
+    samples = {r.local_rank: _sample(r) for r in document.records if r.local_rank < procs}
     return NodeLiveness(node_index=node_index, pod_uid=pod_uid,
                         samples=tuple(samples[r] for r in sorted(samples)), expected_ranks=procs,
-                        finished=document.get("finished") is True)
+                        finished=document.finished)
 
 
 def readable(pod: PodView) -> bool:
@@ -205,7 +142,7 @@ class Scraper:
         from NVRx's heartbeats, later."""
         port = pod_endpoint_port(base_port)
         statuses = await asyncio.gather(*(
-            self._post(f"http://{ip}:{port}{LOST_PODS_PATH}", announcement.document())
+            self._post(f"http://{ip}:{port}{lostpods.PATH}", announcement.document())
             for ip in announcement.peers))
         return sum(1 for status in statuses if status == 200)
 
@@ -233,7 +170,7 @@ class Scraper:
         is never overstated."""
         assert pod.node_index is not None
         status, body, sent = await self._get(
-            f"http://{pod.pod_ip}:{pod_endpoint_port(base_port)}/ranks", urgent)
+            f"http://{pod.pod_ip}:{pod_endpoint_port(base_port)}{wire_ranks.PATH}", urgent)
         if status is None:  # no pod endpoint (an older trainer image): one GET per rank
             return await self._per_rank(pod, base_port, procs, urgent)
         if status != 200:

@@ -1,14 +1,15 @@
 """The trainer container's environment: what the operator tells the trainer through it.
 
 `trainer_env` lists every variable a trainer pod gets, in this order: the pod's own identity from
-the downward API, the contract with the trainer (the `RTJ_*` variables, `GROUP_RANK`; docs/design.md
-lists them, rtj_trainer.config reads them, tests/unit/test_contract_operator_trainer.py holds the
-two sides together), the instance's EFA/NCCL settings (`profiles.EFA_ENV`, `NCCL_ENV`), then
-`spec.env`, which wins over those defaults. The builders (`builders.trainer_pod`) put it in the
-pod.
+the downward API, the contract with the trainer (the `RTJ_*` variables named in rtj_wire.env,
+`GROUP_RANK`; docs/design.md lists them, rtj_trainer.config reads them), the instance's EFA/NCCL
+settings (`profiles.EFA_ENV`, `NCCL_ENV`), then `spec.env`, which wins over those defaults. The
+builders (`builders.trainer_pod`) put it in the pod.
 """
 
 from __future__ import annotations
+
+from rtj_wire import env
 
 from rtj_operator import profiles
 from rtj_operator.api.models import ResilientTrainingJob
@@ -71,41 +72,41 @@ def trainer_env(
     instance's EFA/NCCL settings, then spec.env (which wins over the EFA/NCCL defaults)."""
     spec = job.spec
     downward = [
-        field_env("POD_IP", "status.podIP"),
-        field_env("POD_NAME", "metadata.name"),
-        field_env("POD_NAMESPACE", "metadata.namespace"),
+        field_env(env.POD_IP, "status.podIP"),
+        field_env(env.POD_NAME, "metadata.name"),
+        field_env(env.POD_NAMESPACE, "metadata.namespace"),
         # What the operator names when it tells the other pods this one is lost (podloss).
-        field_env("POD_UID", "metadata.uid"),
+        field_env(env.POD_UID, "metadata.uid"),
         # The metrics server binds the pod IP only.
-        field_env("RTJ_METRICS_HOST", "status.podIP"),
+        field_env(env.METRICS_HOST, "status.podIP"),
     ]
     contract = [
-        ("RTJ_JOB_NAME", job.name),
-        ("RTJ_JOB_UID", plan.rendezvous_id),
-        ("RTJ_NODE_INDEX", str(node_index)),
+        (env.JOB_NAME, job.name),
+        (env.JOB_UID, plan.rendezvous_id),
+        (env.NODE_INDEX, str(node_index)),
         # ft_launcher orders nodes by GROUP_RANK: pod <job>-0 hosts global rank 0 (nvrx.md E7).
         ("GROUP_RANK", str(node_index)),
-        ("RTJ_NNODES", str(spec.nodes)),
-        ("RTJ_PROCS_PER_NODE", str(plan.procs_per_node)),
-        ("RTJ_ATTEMPT", str(attempt)),
-        ("RTJ_CHECKPOINT_DIR", job.checkpoint_dir),
-        ("RTJ_CHECKPOINT_INTERVAL_STEPS", str(spec.checkpoint.interval_steps)),
-        ("RTJ_CHECKPOINT_KEEP", str(spec.checkpoint.keep)),
-        ("RTJ_CHECKPOINT_MODE", spec.checkpoint.mode.lower()),
-        ("RTJ_METRICS_PORT", str(settings.trainer_metrics_port)),
-        ("RTJ_INPROCESS_RESTART",
+        (env.NNODES, str(spec.nodes)),
+        (env.PROCS_PER_NODE, str(plan.procs_per_node)),
+        (env.ATTEMPT, str(attempt)),
+        (env.CHECKPOINT_DIR, job.checkpoint_dir),
+        (env.CHECKPOINT_INTERVAL_STEPS, str(spec.checkpoint.interval_steps)),
+        (env.CHECKPOINT_KEEP, str(spec.checkpoint.keep)),
+        (env.CHECKPOINT_MODE, spec.checkpoint.mode.lower()),
+        (env.METRICS_PORT, str(settings.trainer_metrics_port)),
+        (env.INPROCESS_RESTART,
          "1" if spec.fault_tolerance.in_process_restart == "Enabled" else "0"),
-        ("RTJ_SPARE_NODES", str(spec.fault_tolerance.spares)),
+        (env.SPARE_NODES, str(spec.fault_tolerance.spares)),
         # Only a job that asks for it may fire TRAINER_FAULTS (the trainer refuses them else).
-        *((("RTJ_FAULT_INJECTION", "1"),)
+        *(((env.FAULT_INJECTION, "1"),)
           if spec.fault_tolerance.fault_injection == "Enabled" else ()),
-        ("RTJ_HEARTBEAT_TIMEOUT_SECONDS", str(spec.fault_tolerance.heartbeat_timeout_seconds)),
-        ("RTJ_WARM_WORKERS", "1" if warm_workers(spec.fault_tolerance.warm_workers, plan) else "0"),
+        (env.HEARTBEAT_TIMEOUT_SECONDS, str(spec.fault_tolerance.heartbeat_timeout_seconds)),
+        (env.WARM_WORKERS, "1" if warm_workers(spec.fault_tolerance.warm_workers, plan) else "0"),
         # Other jobs whose checkpoints this one may resume (the trainer refuses any other's).
-        *((("RTJ_CHECKPOINT_RESUME_FROM_JOBS", ",".join(spec.checkpoint.resume_from_jobs)),)
+        *(((env.CHECKPOINT_RESUME_FROM_JOBS, ",".join(spec.checkpoint.resume_from_jobs)),)
           if spec.checkpoint.resume_from_jobs else ()),
-        # Where local rank 0 writes how the pod ended (rtj_operator.termination).
-        ("RTJ_TERMINATION_MESSAGE_PATH", TERMINATION_MESSAGE_PATH),
+        # Where local rank 0 writes how the pod ended (rtj_wire.termination).
+        (env.TERMINATION_MESSAGE_PATH, TERMINATION_MESSAGE_PATH),
     ]
     platform: dict[str, str] = dict(plan.resources.env)
     if plan.efa_devices > 0:

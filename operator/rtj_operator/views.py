@@ -14,7 +14,9 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from rtj_operator import naming, termination
+from rtj_wire import termination
+
+from rtj_operator import naming
 from rtj_operator.observed import ClaimView, NodeView, Observed, PodView, StopSeen
 
 LOST_NODE_TAINTS = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})

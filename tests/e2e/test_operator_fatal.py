@@ -18,7 +18,7 @@ from e2e.test_operator_jobs import (
     wait_for,
 )
 from harness.cluster import Cluster
-from rtj_operator import termination
+from rtj_wire import termination
 
 if TYPE_CHECKING:
     from e2e.conftest import OperatorProcess

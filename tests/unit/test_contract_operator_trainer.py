@@ -1,12 +1,15 @@
-"""The two contracts between the operator and the trainer, tied together at the unit tier.
+"""The contracts between the operator and the trainer, tied together at the unit tier.
 
-Each side has its own tests against hand-written fixtures; these feed one side's real output into
-the other side's real input, so a renamed variable or metric fails here rather than only in e2e:
+Both sides spell the wire with one package, rtj_wire (env names, ports and exit codes, the
+`/ranks` document, the termination message, the lost-pods verdict). These tests feed one side's
+real output into the other side's real input, so a renamed variable or metric fails here rather
+than only in e2e, and check that neither side spells a wire name by hand:
 
 - the environment: `trainerenv.trainer_env` writes the `RTJ_*` variables, and
   `rtj_trainer.config.build_config(env=...)` reads them (docs/design.md);
-- the metrics: `rtj_trainer.metrics.TrainerMetrics` renders a rank's Prometheus page, and
-  `rtj_operator.scraping.rank_sample_from_text` reads it back.
+- the metrics: `rtj_trainer.metrics.TrainerMetrics` renders a rank's Prometheus page, the launcher
+  shim turns it into the `/ranks` document, and `rtj_operator.scraping` reads both back;
+- the lost-pods verdict and the termination message, end to end through both sides.
 
 Tests may import both packages; import-linter keeps the packages themselves apart.
 """
@@ -186,8 +189,8 @@ def test_the_lost_pods_file_the_shim_exports_is_what_the_worker_reads(tmp_path: 
 
 
 def test_the_operator_reads_every_termination_message_the_trainer_writes() -> None:
-    from rtj_operator import termination as reader
     from rtj_trainer import termination as writer
+    from rtj_wire import termination as reader
 
     for message in (
         writer.TerminationMessage(outcome=writer.SUCCEEDED, step=80, committed_step=80,
@@ -227,3 +230,56 @@ def test_the_path_and_the_fatal_exit_code_agree_on_both_sides() -> None:
     assert launcher.TRAINER_FATAL_EXIT_CODE == errors.FATAL_EXIT_CODE
     assert f"--rtj-non-retryable-exit-codes={errors.FATAL_EXIT_CODE}" in container["command"]
     assert issubclass(ConfigError, errors.FatalError)
+
+
+# --- one spelling of the wire -------------------------------------------------------------------
+
+
+def test_every_variable_the_operator_sets_for_the_trainer_is_named_in_the_wire() -> None:
+    """Every `RTJ_*` variable of a trainer pod is a name of rtj_wire.env, and the trainer's
+    configuration reads each one it maps (none spelled by hand on either side)."""
+    from rtj_trainer import config as trainer_config
+    from rtj_wire import env as wire_env
+
+    names = {value for key, value in vars(wire_env).items() if key.isupper()}
+    j = spec_job(faultTolerance={"faultInjection": "Enabled", "spares": 1,
+                                 "inProcessRestart": "Enabled"},
+                 checkpoint={"claimName": "fsx", "mountPath": "/ckpt",
+                             "resumeFromJobs": ["ml/old"]})
+    pod = builders.trainer_pod(j, plan=plan_for(j, SETTINGS), node_index=0, attempt=0,
+                               settings=SETTINGS)
+    set_by_operator = {e["name"] for e in pod["spec"]["containers"][0]["env"]
+                       if e["name"].startswith(("RTJ_", "POD_"))}
+    assert set_by_operator <= names, set_by_operator - names
+    read_by_trainer = set(trainer_config.OPERATOR_ENV)
+    assert read_by_trainer <= names | {"TRAINER_FAULTS"}, read_by_trainer - names
+
+
+def test_no_module_of_either_side_spells_a_wire_name_by_hand() -> None:
+    """The wire's variable names, paths and metric names appear as string literals only in
+    rtj_wire (and in docstrings and comments, which this does not read)."""
+    import ast
+
+    import rtj_operator
+    import rtj_trainer
+    from rtj_wire import env as wire_env
+    from rtj_wire import lostpods, ranks
+
+    wire_strings = {value for key, value in vars(wire_env).items()
+                    if key.isupper() and value.startswith("RTJ_")}
+    wire_strings |= {ranks.PATH, lostpods.PATH}
+    found = []
+    for package in (rtj_operator, rtj_trainer):
+        root = Path(package.__file__).parent
+        for path in root.rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                          if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef |
+                                        ast.AsyncFunctionDef)
+                          and node.body and isinstance(node.body[0], ast.Expr)
+                          and isinstance(node.body[0].value, ast.Constant)}
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                        and id(node) not in docstrings and node.value in wire_strings):
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.value}")
+    assert found == []

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 from rtj_operator.api.vocabulary import Reason
-from rtj_operator.termination import TrainerOutcome
+from rtj_wire.termination import TerminationMessage
 from unit.decisions_builders import (
     T0,
     beats,
@@ -26,7 +26,7 @@ from unit.decisions_builders import (
 pytestmark = pytest.mark.unit
 
 LATER = T0 + timedelta(seconds=60)
-CONFIG = TrainerOutcome(outcome="Failed", reason="ConfigurationError",
+CONFIG = TerminationMessage(outcome="Failed", reason="ConfigurationError",
                         message="invalid trainer config: data.path is required", exit_code=94)
 
 
@@ -49,15 +49,15 @@ def test_a_fatal_message_fails_the_job_at_once_while_the_other_pod_still_runs() 
 
 @pytest.mark.parametrize(("outcome", "codes", "reason", "said"), [
     # A worker's code listed in nonRetryableExitCodes, reported by the launcher shim.
-    (TrainerOutcome(outcome="Failed", reason="NonRetryableExitCode", exit_code=42,
+    (TerminationMessage(outcome="Failed", reason="NonRetryableExitCode", exit_code=42,
                     message="worker rank 3 exited with code 42"), [42],
      Reason.NON_RETRYABLE, "exited with code 42, which is listed in nonRetryableExitCodes"),
     # The trainer's own fatal code is a TrainerFatalError even when the user lists 94.
     (CONFIG, [94], Reason.TRAINER_FATAL, "reported ConfigurationError"),
     # A message without a reason still ends the job.
-    (TrainerOutcome(outcome="Failed"), [], Reason.TRAINER_FATAL, "reported a fatal error"),
+    (TerminationMessage(outcome="Failed"), [], Reason.TRAINER_FATAL, "reported a fatal error"),
 ])
-def test_failed_messages_end_the_job(outcome: TrainerOutcome, codes: list[int], reason: Reason,
+def test_failed_messages_end_the_job(outcome: TerminationMessage, codes: list[int], reason: Reason,
                                      said: str) -> None:
     j = job(faultTolerance={"nonRetryableExitCodes": codes})
     two = then(running(j), j, world(trainer(0, "Failed", exit_code=93, outcome=outcome),
@@ -105,7 +105,7 @@ def test_a_bare_no_restart_exit_ends_the_job_once_every_pod_ended_or_the_grace_r
 
 def test_a_succeeded_message_does_not_end_a_running_job() -> None:
     j = job()
-    done = TrainerOutcome(outcome="Succeeded", step=80, committed_step=80, exit_code=0)
+    done = TerminationMessage(outcome="Succeeded", step=80, committed_step=80, exit_code=0)
     two = then(running(j), j, world(trainer(0, "Succeeded", exit_code=0, outcome=done),
                                     trainer(1), rdzv=rendezvous()), now=LATER)
     assert two.status["state"] not in ("Failed", "Succeeded")
@@ -114,9 +114,9 @@ def test_a_succeeded_message_does_not_end_a_running_job() -> None:
 def test_the_final_step_and_checkpoint_are_the_trainers_not_the_last_scrape() -> None:
     j = job()
     one = running(j)  # the last scrape saw step 10, nothing committed
-    said = [TrainerOutcome(outcome="Succeeded", step=75, committed_step=70,
+    said = [TerminationMessage(outcome="Succeeded", step=75, committed_step=70,
                            committed_time=(T0 + timedelta(seconds=50)).timestamp(), exit_code=0),
-            TrainerOutcome(outcome="Succeeded", step=75, committed_step=70,
+            TerminationMessage(outcome="Succeeded", step=75, committed_step=70,
                            committed_time=(T0 + timedelta(seconds=50)).timestamp(), exit_code=0)]
     two = then(one, j, world(*(trainer(i, "Succeeded", exit_code=0, outcome=said[i])
                                for i in range(2)), rdzv=rendezvous()), now=LATER)

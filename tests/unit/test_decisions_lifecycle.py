@@ -14,7 +14,7 @@ from rtj_operator.api.vocabulary import Reason
 from rtj_operator.intents import CreateObject, DeleteJob, DeletePod, SetClaimOwner
 from rtj_operator.observed import ClaimView
 from rtj_operator.podplan import plan_for
-from rtj_operator.termination import TrainerOutcome
+from rtj_wire.termination import TerminationMessage
 from unit.decisions_builders import (
     SETTINGS,
     T0,
@@ -168,7 +168,7 @@ def test_a_rendezvous_pod_that_ended_while_no_trainer_finished_is_still_lost() -
     two = then(one, j, world(trainer(0), trainer(1), rdzv=rendezvous("Succeeded", exit_code=0)),
                now=T0 + timedelta(seconds=90))
     assert "FullRestart" in events(two)
-    stopped = TrainerOutcome(outcome="Stopped", step=40, committed_step=40)
+    stopped = TerminationMessage(outcome="Stopped", step=40, committed_step=40)
     three = then(one, j, world(trainer(0, "Succeeded", exit_code=0, outcome=stopped), trainer(1),
                                rdzv=rendezvous("Succeeded", exit_code=0)),
                  now=T0 + timedelta(seconds=90))
@@ -239,8 +239,8 @@ def test_suspend_deletes_the_pods_and_keeps_services_and_claim() -> None:
     assert three.events == []  # events were part of actions
 
 
-def stopped_at(step: int) -> TrainerOutcome:
-    return TrainerOutcome(outcome="Stopped", step=step, committed_step=step,
+def stopped_at(step: int) -> TerminationMessage:
+    return TerminationMessage(outcome="Stopped", step=step, committed_step=step,
                           committed_time=1796086800.0, reason="CheckpointedBeforeStop",
                           message=f"checkpointed step {step} before stopping", exit_code=0)
 
@@ -390,7 +390,7 @@ def test_a_trainer_that_said_succeeded_next_to_a_failed_pod_is_a_success() -> No
     # that message (a trainer of another kind), the same pods stay a PartialCompletion.
     j = job()
     one = running(j)
-    said = TrainerOutcome(outcome="Succeeded", step=60, committed_step=60)
+    said = TerminationMessage(outcome="Succeeded", step=60, committed_step=60)
     mixed = world(trainer(0, "Succeeded", exit_code=0, outcome=said),
                   trainer(1, "Failed", exit_code=1), rdzv=rendezvous())
     two = then(one, j, mixed, now=T0 + timedelta(seconds=90))

@@ -14,7 +14,7 @@ from rtj_operator.api.vocabulary import StopReason
 from rtj_operator.decisions.stops import deleted_stop, suspend_reason
 from rtj_operator.intents import CreateObject, DeletePod
 from rtj_operator.observed import PodView, StopSeen
-from rtj_operator.termination import TrainerOutcome
+from rtj_wire.termination import TerminationMessage
 from unit.decisions_builders import (
     T0,
     Outcome,
@@ -39,8 +39,8 @@ CHECKPOINT_DIR = "/checkpoints/ns/tiny/step-000000037.a0-l0-i0-1"
 ANNOTATION = "training.resilient.dev/stop-reason"
 
 
-def stopped_at(step: int, checkpoint: str | None = CHECKPOINT_DIR) -> TrainerOutcome:
-    return TrainerOutcome(outcome="Stopped", step=step, committed_step=step,
+def stopped_at(step: int, checkpoint: str | None = CHECKPOINT_DIR) -> TerminationMessage:
+    return TerminationMessage(outcome="Stopped", step=step, committed_step=step,
                           committed_time=1796086800.0, checkpoint=checkpoint,
                           reason="CheckpointedBeforeStop",
                           message=f"checkpointed step {step} before stopping", exit_code=0)

@@ -1,5 +1,5 @@
 """The termination message: the trainer writes it (rtj_trainer.termination), the operator reads
-it (rtj_operator.termination, rtj_operator.views.pod_view); garbage is ignored with a reason."""
+it (rtj_wire.termination, rtj_operator.views.pod_view); garbage is ignored with a reason."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from rtj_operator import termination as reader
 from rtj_operator.views import pod_view
 from rtj_trainer import termination as writer
+from rtj_wire import termination as reader
 
 pytestmark = pytest.mark.unit
 

@@ -29,6 +29,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from rtj_wire import env as wire_env
 
 from .errors import FatalError
 from .faults import Fault, FaultSpecError, parse_faults
@@ -302,32 +303,32 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-# Operator environment (docs/design.md), plus RTJ_LOG_LEVEL -> config path. Read only here.
-_OPERATOR_ENV: dict[str, str] = {
-    "RTJ_JOB_NAME": "job.name",
-    "RTJ_JOB_UID": "job.uid",
-    "POD_NAMESPACE": "job.namespace",
-    "POD_NAME": "job.pod_name",
-    "POD_UID": "job.pod_uid",
-    "POD_IP": "job.pod_ip",
-    "RTJ_NODE_INDEX": "job.node_index",
-    "RTJ_NNODES": "job.nnodes",
-    "RTJ_PROCS_PER_NODE": "job.procs_per_node",
-    "RTJ_ATTEMPT": "job.attempt",
-    "RTJ_CHECKPOINT_DIR": "checkpoint.dir",
-    "RTJ_CHECKPOINT_INTERVAL_STEPS": "checkpoint.interval_steps",
-    "RTJ_CHECKPOINT_KEEP": "checkpoint.keep",
-    "RTJ_CHECKPOINT_MODE": "checkpoint.mode",
-    "RTJ_CHECKPOINT_RESUME_FROM_JOBS": "checkpoint.resume_from_jobs",
-    "RTJ_METRICS_PORT": "metrics.port",
-    "RTJ_METRICS_HOST": "metrics.host",
-    "RTJ_INPROCESS_RESTART": "resiliency.inprocess_restart",
-    "RTJ_SPARE_NODES": "resiliency.spare_nodes",
-    "RTJ_LOST_PODS_FILE": "resiliency.lost_pods_file",
-    "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "resiliency.heartbeat_timeout_seconds",
-    "TRAINER_FAULTS": "faults",
-    "RTJ_FAULT_INJECTION": "fault_injection",
-    "RTJ_LOG_LEVEL": "train.log_level",
+# Operator environment (docs/design.md; names: rtj_wire.env) -> config path. Read only here.
+OPERATOR_ENV: dict[str, str] = {
+    wire_env.JOB_NAME: "job.name",
+    wire_env.JOB_UID: "job.uid",
+    wire_env.POD_NAMESPACE: "job.namespace",
+    wire_env.POD_NAME: "job.pod_name",
+    wire_env.POD_UID: "job.pod_uid",
+    wire_env.POD_IP: "job.pod_ip",
+    wire_env.NODE_INDEX: "job.node_index",
+    wire_env.NNODES: "job.nnodes",
+    wire_env.PROCS_PER_NODE: "job.procs_per_node",
+    wire_env.ATTEMPT: "job.attempt",
+    wire_env.CHECKPOINT_DIR: "checkpoint.dir",
+    wire_env.CHECKPOINT_INTERVAL_STEPS: "checkpoint.interval_steps",
+    wire_env.CHECKPOINT_KEEP: "checkpoint.keep",
+    wire_env.CHECKPOINT_MODE: "checkpoint.mode",
+    wire_env.CHECKPOINT_RESUME_FROM_JOBS: "checkpoint.resume_from_jobs",
+    wire_env.METRICS_PORT: "metrics.port",
+    wire_env.METRICS_HOST: "metrics.host",
+    wire_env.INPROCESS_RESTART: "resiliency.inprocess_restart",
+    wire_env.SPARE_NODES: "resiliency.spare_nodes",
+    wire_env.LOST_PODS_FILE: "resiliency.lost_pods_file",
+    wire_env.HEARTBEAT_TIMEOUT_SECONDS: "resiliency.heartbeat_timeout_seconds",
+    wire_env.TRAINER_FAULTS: "faults",
+    wire_env.FAULT_INJECTION: "fault_injection",
+    wire_env.LOG_LEVEL: "train.log_level",
 }
 
 
@@ -352,12 +353,12 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def environment_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+def environment_overrides(source: Mapping[str, str]) -> dict[str, Any]:
     """The operator's variables that are set (and non-empty), as a nested override dict."""
     tree: dict[str, Any] = {}
-    for var, path in _OPERATOR_ENV.items():
-        value = env.get(var)
-        if value is not None and (value != "" or var == "TRAINER_FAULTS"):
+    for var, path in OPERATOR_ENV.items():
+        value = source.get(var)
+        if value is not None and (value != "" or var == wire_env.TRAINER_FAULTS):
             _set_path(tree, path, value)
     return tree
 

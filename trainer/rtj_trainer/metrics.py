@@ -30,8 +30,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from rtj_wire import ranks
 
 from .ledger import RESTART_KINDS
+
+
+def _name(metric: str) -> str:
+    """A metric the operator reads, by its wire name (rtj_wire.ranks)."""
+    return ranks.METRIC_PREFIX + metric
 
 
 @dataclass(slots=True)
@@ -63,7 +69,7 @@ class _SnapshotCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         m = self.metrics
         s = m.snapshot()
-        base = ["rank", "local_rank"]
+        base = [ranks.RANK_LABEL, "local_rank"]
         ids = [str(m.rank), str(m.local_rank)]
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -71,10 +77,10 @@ class _SnapshotCollector(Collector):
             family.add_metric(ids, value)
             return family
 
-        yield gauge("rtj_trainer_heartbeat_timestamp_seconds",
+        yield gauge(_name(ranks.HEARTBEAT),
                     "Unix time of the last heartbeat sent to the NVRx rank monitor",
                     s.heartbeat_timestamp)
-        yield gauge("rtj_trainer_step", "Last completed optimizer step", s.step)
+        yield gauge(_name(ranks.STEP), "Last completed optimizer step", s.step)
         yield gauge("rtj_trainer_step_seconds", "Duration of the last step", s.step_seconds)
         yield gauge("rtj_trainer_tokens_per_second", "Throughput of the last step on this rank",
                     s.tokens_per_second)
@@ -83,13 +89,14 @@ class _SnapshotCollector(Collector):
                     s.checkpoint_stall_seconds)
         yield gauge("rtj_trainer_checkpoint_write_seconds",
                     "How long the last checkpoint took until committed", s.checkpoint_write_seconds)
-        yield gauge("rtj_trainer_checkpoint_committed_step",
+        yield gauge(_name(ranks.COMMITTED_STEP),
                     "Step of the newest committed checkpoint (-1 none)",
                     s.checkpoint_committed_step)
-        yield gauge("rtj_trainer_checkpoint_committed_timestamp_seconds",
+        yield gauge(_name(ranks.COMMITTED_TIME),
                     "When the newest checkpoint was committed", s.checkpoint_committed_timestamp)
-        restarts = CounterMetricFamily("rtj_trainer_restarts", "Restarts seen by this job",
-                                       labels=[*base, "kind"])
+        restarts = CounterMetricFamily(_name(ranks.RESTARTS).removesuffix("_total"),
+                                       "Restarts seen by this job",
+                                       labels=[*base, ranks.KIND_LABEL])
         for kind in RESTART_KINDS:
             restarts.add_metric([*ids, kind], s.restarts.get(kind, 0))
         yield restarts
@@ -102,9 +109,9 @@ class _SnapshotCollector(Collector):
                                    labels=base)
         lost.add_metric(ids, s.lost_seconds)
         yield lost
-        yield gauge("rtj_trainer_goodput_ratio", "Productive / wall seconds since the job started",
+        yield gauge(_name(ranks.GOODPUT), "Productive / wall seconds since the job started",
                     s.goodput())
-        yield gauge("rtj_trainer_standby",
+        yield gauge(_name(ranks.STANDBY),
                     "1 while this rank waits as a warm spare (inactive in the in-process wrapper)",
                     1.0 if m.standby() else 0.0)
         info = GaugeMetricFamily("rtj_trainer_info", "Trainer identity",

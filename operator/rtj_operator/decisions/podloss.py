@@ -19,15 +19,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from rtj_wire import env as wire_env
+
 from rtj_operator import naming
-from rtj_operator.api.status import IncidentCause
+from rtj_operator.api.vocabulary import IncidentCause
 from rtj_operator.intents import AnnouncePodLoss
 from rtj_operator.observed import PodView
 
-SPARES_ENV = "RTJ_SPARE_NODES"
-"""The trainer variable (builders.trainer_env) with the job's number of warm spare pods."""
-IN_PROCESS_RESTART_ENV = "RTJ_INPROCESS_RESTART"
-"""The trainer variable (builders.trainer_env) that says the pod's workers run NVRx's in-process
+SPARES_ENV = wire_env.SPARE_NODES
+"""The trainer variable (trainerenv.trainer_env) with the job's number of warm spare pods."""
+IN_PROCESS_RESTART_ENV = wire_env.INPROCESS_RESTART
+"""The trainer variable (trainerenv.trainer_env) that says the pod's workers run NVRx's in-process
 wrapper: only they can use an announcement."""
 
 
