@@ -78,8 +78,8 @@ from .common import (
     source_fingerprint,
     write_json,
 )
+from .kubejobs import EXAMPLE, GROUP_PATH
 from .localrun import StepRecord, read_fault_times, read_losses
-from .operator_recovery import EXAMPLE, GROUP_PATH
 
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 TRAINER_KINDS = ("exception", "sigkill", "hang")
@@ -321,14 +321,14 @@ class Campaign:
         self.namespace = self.cluster.create_namespace("chaos")
         self.operator: StampedProcess | None = None
         self.operator_starts = 0
-        from .operator_recovery import operator_ports
+        from .kubejobs import operator_ports
 
         self.operator_ports = operator_ports()
         """Kept across operator restarts: the running jobs' pods use its rendezvous port."""
         self.start_operator()
 
     def start_operator(self) -> None:
-        from .operator_recovery import start_operator
+        from .kubejobs import start_operator
 
         self.operator_starts += 1
         self.operator = start_operator(

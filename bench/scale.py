@@ -535,7 +535,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from harness.cluster import CRD_DIR, Cluster
     from harness.controlplane import ControlPlane, ensure_binaries
 
-    from .operator_recovery import operator_ports, start_operator
+    from .kubejobs import operator_ports, start_operator
 
     rng = random.Random(args.seed)
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="rtj-bench-scale."))).resolve()
