@@ -1,4 +1,5 @@
-"""The fault campaign's plan and its per-fault analysis (pure parts of bench.chaos)."""
+"""The fault campaign's plan and its per-fault analysis (pure parts of bench.chaos: chaos_plan,
+chaos_results, and chaos_campaign's job manifest)."""
 
 from __future__ import annotations
 
@@ -10,22 +11,24 @@ from pathlib import Path
 import pytest
 from rtj_trainer.checkpoint.format import Manifest, checkpoint_dir_name
 
-from bench.chaos import (
+from bench.chaos_campaign import job_manifest
+from bench.chaos_plan import (
     KINDS,
-    FaultResult,
     JobPlan,
     PlannedFault,
+    plan_campaign,
+    plan_faults,
+    replay_plans,
+    still_to_run,
+)
+from bench.chaos_results import (
+    FaultResult,
     analyse_fault,
     campaign_summary,
     final_loss,
-    job_manifest,
     passed,
-    plan_campaign,
-    plan_faults,
     read_campaign,
     read_commits,
-    replay_plans,
-    still_to_run,
     summarise,
 )
 from bench.localrun import StepRecord
