@@ -2,7 +2,7 @@
 a subprocess on free ports, examples/cpu-tiny.yaml as a benchmark's job, a job's status and its
 directory on the shared checkpoint volume, and the header of a JSON result.
 
-The cluster itself is the test harness's (`tests/harness`, on `sys.path` here).
+The cluster itself is the test harness's (`tests/harness`; bench/__init__.py puts it on `sys.path`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from typing import Any
 import yaml
 
 from .common import REPO_ROOT, StampedProcess, machine_description
-
-sys.path.insert(0, str(REPO_ROOT / "tests"))
 
 EXAMPLE = REPO_ROOT / "examples" / "cpu-tiny.yaml"
 GROUP_PATH = "/apis/training.resilient.dev/v1alpha1"
