@@ -26,37 +26,36 @@ job (the seed's baseline, minus its CrashLoopBackOff delays).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
-import shlex
-import socket
 import sys
 import tempfile
 import time
-import urllib.request
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .common import (
     OPERATOR_SOURCES,
-    REPO_ROOT,
     TRAINER_SOURCES,
     StampedLine,
-    StampedProcess,
     add_output_arguments,
     describe_spread,
     format_spread,
     format_table,
-    machine_description,
     source_fingerprint,
     write_json,
 )
+from .kubejobs import (
+    example_job,
+    job_dir,
+    job_status,
+    result_header,
+    start_operator,
+)
 from .localrun import (
     Resume,
+    StepRecord,
     analyse_recovery,
     group_attempts,
     parse_launcher_events,
@@ -65,10 +64,6 @@ from .localrun import (
     read_losses,
 )
 
-sys.path.insert(0, str(REPO_ROOT / "tests"))
-
-EXAMPLE = REPO_ROOT / "examples" / "cpu-tiny.yaml"
-GROUP_PATH = "/apis/training.resilient.dev/v1alpha1"
 SPARE = "RankRestart+spare"
 STRATEGIES = (SPARE, "RankRestart", "FullRestart")
 
@@ -102,26 +97,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def job_manifest(
     name: str, strategy: str, steps: int, interval: int, inprocess: str = "Disabled"
 ) -> dict[str, Any]:
     """examples/cpu-tiny.yaml without faults, with the step count and strategy given."""
-    manifest: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
-    manifest["metadata"]["name"] = name
+    manifest = example_job(name, steps, interval)
     spec = manifest["spec"]
-    spec["args"] = [f"train.steps={steps}" if a.startswith("train.steps=") else a
-                    for a in spec["args"]]
-    spec["env"] = [e for e in spec.get("env", []) if e["name"] != "TRAINER_FAULTS"]
-    if not spec["env"]:
-        del spec["env"]
-    spec["checkpoint"]["intervalSteps"] = interval
     spec["faultTolerance"]["restartStrategy"] = "RankRestart" if strategy == SPARE else strategy
     spec["faultTolerance"]["inProcessRestart"] = "Enabled" if strategy == SPARE else inprocess
     if strategy == SPARE:
@@ -148,12 +129,9 @@ class JobRun:
         self.name = name
         self.strategy = strategy
         self.args = args
-        self.job_path = f"{GROUP_PATH}/namespaces/{namespace}/resilienttrainingjobs/{name}"
 
     def status(self) -> dict[str, Any]:
-        job = self.cluster.api.get_or_none(self.job_path) or {}
-        result: dict[str, Any] = job.get("status") or {}
-        return result
+        return job_status(self.cluster, self.namespace, self.name)
 
     def trainer_pods(self) -> dict[str, dict[str, Any]]:
         listed = self.cluster.api.get(
@@ -162,12 +140,10 @@ class JobRun:
                           "training.resilient.dev/role=trainer")
         return {p["metadata"]["name"]: p for p in listed["items"]}
 
-    def losses_path(self) -> Path | None:
-        shared = Path(self.cluster.shared_dir)
-        # The claim's directory, then checkpoint.path (`<namespace>/<name>` by default).
-        found = sorted(shared.glob(
-            f"{self.namespace}-{self.name}-*/{self.namespace}/{self.name}/losses.jsonl"))
-        return found[0] if found else None
+    def records(self) -> list[StepRecord]:
+        """Rank 0's completed steps so far (`losses.jsonl` on the shared volume)."""
+        directory = job_dir(self.cluster, self.namespace, self.name)
+        return read_losses(directory / "losses.jsonl") if directory else []
 
     def pod_log_lines(self) -> list[StampedLine]:
         lines = []
@@ -205,37 +181,54 @@ class JobRun:
         deadline = time.monotonic() + args.job_timeout
         result: dict[str, Any] = {"job": self.name, "strategy": self.strategy,
                                   "applied_at": applied_at}
-
-        # 1. Train until the kill step.
-        records = []
-        while time.monotonic() < deadline:
-            path = self.losses_path()
-            records = read_losses(path) if path else []
-            spare_ready = self.strategy != SPARE or (
-                (self.status().get("spares") or {}).get("ready", 0) >= 1)
-            if records and max(r.step for r in records) >= args.kill_step and spare_ready:
-                break
-            if self.status().get("state") in ("Failed", "Succeeded"):
-                break
-            time.sleep(0.2)
-        else:
-            result["error"] = f"the job never reached step {args.kill_step}"
-            return result
-        if not records or max(r.step for r in records) < args.kill_step:
-            result["error"] = f"job ended before step {args.kill_step}: {self.status()}"
+        records = self.train_to_kill_step(result, deadline)
+        if not records:
             return result
         result["first_step_after_apply_seconds"] = round(
             min(r.at for r in records) - applied_at, 3)
         before = {n: p["metadata"]["uid"] for n, p in self.trainer_pods().items()}
         step_at_kill = max(r.step for r in records)
+        kill_at = self.kill_pod_1(result, step_at_kill)
+        final, step_advanced_at = self.watch_to_end(step_at_kill, deadline)
+        self.analyse(result, final, step_at_kill, kill_at, step_advanced_at)
+        after = {n: p["metadata"]["uid"] for n, p in self.trainer_pods().items()}
+        result["pods_replaced"] = sorted(n for n, uid in before.items() if after.get(n) != uid)
+        return result
 
-        # 2. Kill every process of pod 1.
+    def train_to_kill_step(self, result: dict[str, Any], deadline: float) -> list[StepRecord]:
+        """1. Train until the kill step (and, with a spare, until the spare is ready): rank 0's
+        records so far, or none (with `error` in `result`) when the job never got there."""
+        kill_step = self.args.kill_step
+        records: list[StepRecord] = []
+        while time.monotonic() < deadline:
+            records = self.records()
+            spare_ready = self.strategy != SPARE or (
+                (self.status().get("spares") or {}).get("ready", 0) >= 1)
+            if records and max(r.step for r in records) >= kill_step and spare_ready:
+                break
+            if self.status().get("state") in ("Failed", "Succeeded"):
+                break
+            time.sleep(0.2)
+        else:
+            result["error"] = f"the job never reached step {kill_step}"
+            return []
+        if not records or max(r.step for r in records) < kill_step:
+            result["error"] = f"job ended before step {kill_step}: {self.status()}"
+            return []
+        return records
+
+    def kill_pod_1(self, result: dict[str, Any], step_at_kill: int) -> float:
+        """2. Kill every process of pod 1; returns when."""
         kill_at = time.time()
         self.cluster.nodes.kill_pod(self.namespace, f"{self.name}-1", 9)
         result.update(kill_at=kill_at, kill_call_seconds=round(time.time() - kill_at, 3),
                       step_at_kill=step_at_kill)
+        return kill_at
 
-        # 3. Watch status.step and the losses until the job finishes.
+    def watch_to_end(self, step_at_kill: int,
+                     deadline: float) -> tuple[dict[str, Any], float | None]:
+        """3. Watch status.step until the job finishes: its last status, and when status.step
+        first passed the step at the kill."""
         status_step_advanced_at = None
         final: dict[str, Any] = {}
         while time.monotonic() < deadline:
@@ -246,12 +239,16 @@ class JobRun:
             if final.get("state") in ("Succeeded", "Failed"):
                 break
             time.sleep(0.5)
+        return final, status_step_advanced_at
+
+    def analyse(self, result: dict[str, Any], final: dict[str, Any], step_at_kill: int,
+                kill_at: float, status_step_advanced_at: float | None) -> None:
+        """4. The recovery from the losses and the pods' logs, and the operator's incident."""
         result["final_state"] = final.get("state")
         result["final_step"] = final.get("step")
         result["restarts"] = final.get("restarts")
         result["goodput"] = final.get("goodput")
-        path = self.losses_path()
-        records = read_losses(path) if path else []
+        records = self.records()
         lines = self.pod_log_lines()
         timelines = parse_timelines(lines)
         wrapper = parse_wrapper_events(lines)
@@ -271,23 +268,26 @@ class JobRun:
         incidents = [i for i in final.get("incidents") or []
                      if (parse_time(i.get("detectedTime")) or 0) >= kill_at - 2]
         result["incidents"] = incidents
-        operator_incident = next(
-            (i for i in incidents
-             if i.get("action") in ("SpareTakeover", "RankRestart", "FullRestart")), None)
-        if operator_incident:
-            result["incident"] = {
-                "cause": operator_incident.get("cause"),
-                "action": operator_incident.get("action"),
-                **{f"{key}_after_kill_seconds": (round(t - kill_at, 1) if t else None)
-                   for key, t in (
-                       ("detected", parse_time(operator_incident.get("detectedTime"))),
-                       ("acted", parse_time(operator_incident.get("actedTime"))),
-                       ("recovered", parse_time(operator_incident.get("recoveredTime"))))},
-                "seconds": operator_incident.get("seconds"),
-            }
-        after = {n: p["metadata"]["uid"] for n, p in self.trainer_pods().items()}
-        result["pods_replaced"] = sorted(n for n, uid in before.items() if after.get(n) != uid)
-        return result
+        incident = operator_incident(incidents, kill_at)
+        if incident:
+            result["incident"] = incident
+
+
+def operator_incident(incidents: list[dict[str, Any]], kill_at: float) -> dict[str, Any] | None:
+    """The operator's own incident for the kill (its action, and its moments after the kill)."""
+    found = next((i for i in incidents
+                  if i.get("action") in ("SpareTakeover", "RankRestart", "FullRestart")), None)
+    if not found:
+        return None
+    return {
+        "cause": found.get("cause"),
+        "action": found.get("action"),
+        **{f"{key}_after_kill_seconds": (round(t - kill_at, 1) if t else None)
+           for key, t in (("detected", parse_time(found.get("detectedTime"))),
+                          ("acted", parse_time(found.get("actedTime"))),
+                          ("recovered", parse_time(found.get("recoveredTime"))))},
+        "seconds": found.get("seconds"),
+    }
 
 
 def resumes_from_timelines(timelines: list[tuple[int, dict[str, float]]],
@@ -359,52 +359,13 @@ def render(results: dict[str, Any]) -> str:
     ])
 
 
-def operator_ports() -> dict[str, str]:
-    """Free ports for one operator: metrics, liveness and the rendezvous port it gives jobs."""
-    return {"RTJ_OPERATOR_METRICS_PORT": str(free_port()),
-            "RTJ_OPERATOR_LIVENESS_PORT": str(free_port()),
-            "RTJ_OPERATOR_RENDEZVOUS_PORT": str(free_port())}
-
-
-def start_operator(cluster: Any, log_path: Path, reconcile: float | None,
-                   ports: dict[str, str] | None = None) -> StampedProcess:
-    """The operator as a subprocess, live. An operator started again must get the same `ports`:
-    the rendezvous port is part of the running jobs' pods."""
-    ports = ports or operator_ports()
-    liveness = int(ports["RTJ_OPERATOR_LIVENESS_PORT"])
-    env = cluster.env() | ports
-    if reconcile is not None:
-        env["RTJ_OPERATOR_RECONCILE_INTERVAL_SECONDS"] = f"{reconcile:g}"
-    operator = StampedProcess([sys.executable, "-m", "rtj_operator"], log_path=log_path, env=env)
-    deadline = time.monotonic() + 90
-    while True:
-        if operator.process.poll() is not None:
-            raise RuntimeError(f"the operator exited; see {log_path}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{liveness}/healthz", timeout=1).read()
-            return operator
-        except OSError:
-            if time.monotonic() > deadline:
-                operator.stop()
-                raise RuntimeError(f"the operator did not become live; see {log_path}") from None
-            time.sleep(0.3)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from harness.cluster import Cluster
 
     work_dir = (args.work_dir or Path(tempfile.mkdtemp(prefix="rtj-bench-operator."))).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {
-        "benchmark": "operator_recovery",
-        "command": "python -m bench.operator_recovery " + shlex.join(
-            argv if argv is not None else sys.argv[1:]),
-        "machine": machine_description(),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "strategies": {},
-    }
+    results: dict[str, Any] = {**result_header("operator_recovery", argv, args), "strategies": {}}
     sources = source_fingerprint(*OPERATOR_SOURCES, *TRAINER_SOURCES)
     results["operator_and_trainer_source"] = sources
     began = time.monotonic()

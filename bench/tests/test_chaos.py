@@ -1,4 +1,5 @@
-"""The fault campaign's plan and its per-fault analysis (pure parts of bench.chaos)."""
+"""The fault campaign's plan and its per-fault analysis (pure parts of bench.chaos: chaos_plan,
+chaos_results, and chaos_campaign's job manifest)."""
 
 from __future__ import annotations
 
@@ -10,22 +11,24 @@ from pathlib import Path
 import pytest
 from rtj_trainer.checkpoint.format import Manifest, checkpoint_dir_name
 
-from bench.chaos import (
+from bench.chaos_campaign import job_manifest
+from bench.chaos_plan import (
     KINDS,
-    FaultResult,
     JobPlan,
     PlannedFault,
+    plan_campaign,
+    plan_faults,
+    replay_plans,
+    still_to_run,
+)
+from bench.chaos_results import (
+    FaultResult,
     analyse_fault,
     campaign_summary,
     final_loss,
-    job_manifest,
     passed,
-    plan_campaign,
-    plan_faults,
     read_campaign,
     read_commits,
-    replay_plans,
-    still_to_run,
     summarise,
 )
 from bench.localrun import StepRecord
@@ -202,3 +205,31 @@ def test_a_replay_runs_a_recorded_jobs_faults_again_and_names_unknown_jobs() -> 
     recorded["faults"] = [{"kind": "meteor", "step": 25, "rank": 0}]
     with pytest.raises(ValueError, match=r"job chaos-s0-1 has unknown fault kinds meteor"):
         replay_plans(campaign, ["chaos-s0-1"])
+
+
+def test_a_shard_is_added_to_its_campaign_file_after_every_job(tmp_path: Path) -> None:
+    from bench.chaos import parse_args
+    from bench.chaos_campaign import Shard
+
+    path = tmp_path / "campaign.json"
+    earlier = {"benchmark": "chaos", "faults": [asdict(FaultResult("chaos-s0-0", "hang", 25, 1,
+                                                                   recovered=True))],
+               "jobs": [{"job": "chaos-s0-0", "final_state": "Succeeded",
+                         "final_loss_identical": True}]}
+    argv = ["--campaign", str(path), "--faults-per-kind", "2"]
+    plans = plan_faults({"hang": 1}, 4, 25, 0, prefix="chaos-s1")
+    shard = Shard(parse_args(argv), argv, plans, {"shards": [earlier]})
+    assert shard.results["command"] == "python -m bench.chaos " + " ".join(argv)
+    assert (shard.results["planned_jobs"], shard.results["planned_faults"]) == (1, 1)
+    shard.jobs.append({"job": "chaos-s1-0", "final_state": "Failed"})
+    shard.faults.append(FaultResult("chaos-s1-0", "hang", 25, 3))
+    shard.save(final=False, operator_starts=1)
+    written = json.loads(path.read_text())
+    assert written["target_faults_per_kind"] == 2
+    assert [len(s["jobs"]) for s in written["shards"]] == [1, 1]
+    assert written["shards"][1]["operator_starts"] == 1
+    assert "finished" not in written["shards"][1]
+    assert (written["summary"]["faults"], written["summary"]["recovered"]) == (2, 1)
+    assert written["summary"]["jobs_succeeded"] == 1
+    shard.save(final=True, operator_starts=2)
+    assert "finished" in json.loads(path.read_text())["shards"][1]
