@@ -12,7 +12,7 @@ pods, so here a pod is a record and an HTTP endpoint in one asyncio loop:
   simulated Node (a rendezvous pod to a shared one), marks it Running with its own loopback
   address, and finishes a deletion at once (grace 0); `kill` turns a pod Failed (exit 137);
 - the ranks: every Running trainer pod serves the pod liveness endpoint the operator reads
-  (`GET /ranks` on RTJ_METRICS_PORT - 1, the document of rtj_trainer.podmetrics, made by
+  (`GET /ranks` on RTJ_METRICS_PORT - 1, the document of rtj_wire.ranks, made by
   `ranks_document`), its ranks beating every second and stepping on, except a hung rank.
 
 From the harness it takes what fits: the Node objects (`harness.nodestate.node_manifest` and
@@ -32,6 +32,7 @@ from typing import Any
 from harness.ipam import LoopbackIpAllocator
 from harness.kubeapi import KubeApi
 from harness.nodestate import node_manifest, node_status, now_rfc3339
+from rtj_wire import ranks
 
 from .asyncapi import Api
 
@@ -77,16 +78,15 @@ class SimPod:
 
 
 def ranks_document(pod: SimPod, procs: int, now: float) -> dict[str, Any]:
-    """The pod's `GET /ranks` answer at `now` (rtj_trainer.podmetrics's JSON): `procs` ranks, a
-    heartbeat every whole second (a hung rank's frozen), one step a second since the pod started."""
+    """The pod's `GET /ranks` answer at `now` (rtj_wire.ranks): `procs` ranks, a heartbeat every
+    whole second (a hung rank's frozen), one step a second since the pod started."""
     beat = float(int(now))
     step = int(now - pod.started)
     base = (pod.index or 0) * procs
-    return {"ranks": [
-        {"localRank": r, "rank": base + r, "heartbeat": pod.hung.get(r, beat),
-         "step": step, "restarts": {"launcher": 0, "inprocess": 0, "pod": 0},
-         "standby": False, "answered": True}
-        for r in range(procs)]}
+    return ranks.document(
+        ranks.RankRecord(local_rank=r, rank=base + r, heartbeat=pod.hung.get(r, beat), step=step,
+                         restarts={"launcher": 0, "inprocess": 0, "pod": 0})
+        for r in range(procs))
 
 
 async def serve_ranks(pod: SimPod, procs: int) -> None:
