@@ -50,8 +50,11 @@ RUN /opt/venv/bin/pip install -r /tmp/operator.txt
 # Copied, not pip-installed: pyproject.toml builds one distribution holding both packages.
 # Only the package directory goes in, so no folder named `operator` shadows the standard library.
 COPY operator/rtj_operator /opt/venv/lib/python3.12/site-packages/rtj_operator
+# The wire both images speak (standard library only).
+COPY wire/rtj_wire /opt/venv/lib/python3.12/site-packages/rtj_wire
 RUN /opt/venv/bin/python -m compileall -q /opt/venv/lib/python3.12/site-packages/rtj_operator \
- && /opt/venv/bin/python -c "import operator, rtj_operator; operator.itemgetter"
+      /opt/venv/lib/python3.12/site-packages/rtj_wire \
+ && /opt/venv/bin/python -c "import operator, rtj_operator, rtj_wire; operator.itemgetter"
 
 FROM ${PYTHON_IMAGE} AS operator
 LABEL org.opencontainers.image.title="rtj-operator" \
@@ -90,8 +93,10 @@ COPY --from=requirements /requirements/trainer.txt /tmp/trainer.txt
 RUN /opt/venv/bin/pip install -r /tmp/trainer.txt \
  && /opt/venv/bin/python -c "import torch; assert torch.version.cuda, 'torch is not a CUDA build'"
 COPY trainer/rtj_trainer /opt/venv/lib/python3.12/site-packages/rtj_trainer
+COPY wire/rtj_wire /opt/venv/lib/python3.12/site-packages/rtj_wire
 RUN /opt/venv/bin/python -m compileall -q /opt/venv/lib/python3.12/site-packages/rtj_trainer \
- && /opt/venv/bin/python -c "import rtj_trainer, nvidia_resiliency_ext.fault_tolerance" \
+      /opt/venv/lib/python3.12/site-packages/rtj_wire \
+ && /opt/venv/bin/python -c "import rtj_trainer.launcher.shim, rtj_wire, nvidia_resiliency_ext.fault_tolerance" \
  && test -x /opt/venv/bin/ft_launcher
 
 FROM ${CUDA_IMAGE} AS trainer

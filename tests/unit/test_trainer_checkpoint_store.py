@@ -246,6 +246,7 @@ def test_a_close_cut_short_by_an_in_process_restart_is_finished_later(
     finishes, once."""
     from rtj_trainer.carry import CarryOver
     from rtj_trainer.checkpoint import checkpointer as module
+    from rtj_trainer.checkpoint.carried import close_interrupted
     from rtj_trainer.config import CheckpointConfig
 
     class Interrupted(BaseException):  # NVRx's RankShouldRestart is raised the same way
@@ -267,7 +268,7 @@ def test_a_close_cut_short_by_an_in_process_restart_is_finished_later(
     with pytest.raises(Interrupted):
         made.close(abort=True)
     assert made._committer is committer and made in carry.unclosed
-    assert module.close_interrupted(carry) == 1
+    assert close_interrupted(carry) == 1
     assert made._committer is None and made not in carry.unclosed
-    assert module.close_interrupted(carry) == 0
+    assert close_interrupted(carry) == 0
     made.close(abort=True)  # closing again is harmless

@@ -5,22 +5,21 @@ The package, in dependency order (each module imports only those before it):
 - `staging`: a nested state -> (skeleton, layout) + one flat host buffer (the stall);
 - `format`: names, shard files, shard records, the manifest, digests (`FORMAT_VERSION`);
 - `writer`: the shard writer that runs in NVRx's persistent worker process;
+- `local`: node-local copies of each save (RAM), the fast tier of a resume;
 - `store`: the checkpoint directory: validate, commit, prune, the commit log;
+- `committer`: rank 0's commit thread and the other ranks' view of its progress;
+- `loading`: which checkpoint every rank resumes from (`Resumable`);
+- `carried`: what a rank keeps across in-process restarts (rtj_trainer.carry): its writer, the
+  training state an interrupted attempt offered, closes a restart cut short;
 - `checkpointer`: `Checkpointer`, the adapter the step loop uses (save/poll/load).
 
 Each module's docstring says why it is shaped as it is. The names below are the package's public
 face.
 """
 
-from .checkpointer import (
-    Checkpointer,
-    CheckpointStats,
-    LoadedCheckpoint,
-    ProcessWriter,
-    close_interrupted,
-    expect_offer,
-    stage_offered,
-)
+from .carried import ProcessWriter, close_interrupted, expect_offer, stage_offered
+from .checkpointer import Checkpointer
+from .committer import COMMIT_PROGRESS, CheckpointStats, CommitProgressReader, CommitWorker
 from .format import (
     FORMAT_VERSION,
     MANIFEST,
@@ -39,6 +38,7 @@ from .format import (
     shard_record_name,
     step_of,
 )
+from .loading import LoadedCheckpoint
 from .staging import (
     HostStaging,
     TensorLayout,
@@ -50,9 +50,6 @@ from .staging import (
 )
 from .store import (
     ABANDONED,
-    COMMIT_PROGRESS,
-    CommitProgressReader,
-    CommitWorker,
     ResumePlan,
     commit,
     committed_checkpoints,

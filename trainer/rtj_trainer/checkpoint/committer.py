@@ -1,0 +1,198 @@
+"""Rank 0's commit thread (`CommitWorker`) and the other ranks' view of it
+(`CommitProgressReader`, through `commit-progress.json`): the commit protocol of
+rtj_trainer.checkpoint.store, run off the step loop.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..files import write_json_atomic
+from .format import MANIFEST, Manifest
+from .store import abandon, commit, failed_writes, record_listing
+
+
+@dataclass(slots=True)
+class CheckpointStats:
+    """What metrics and the summary need; updated by `save` and `poll`."""
+
+    last_stall_seconds: float = 0.0
+    last_wait_seconds: float = 0.0
+    last_copy_seconds: float = 0.0
+    last_write_seconds: float = 0.0
+    committed_step: int = -1
+    committed_at: float = 0.0
+    committed_dir: Path | None = None
+    """The directory of `committed_step` when this attempt committed it (None for a checkpoint
+    an earlier attempt committed)."""
+    commits_this_attempt: int = 0
+    abandoned: int = 0
+    """Checkpoints given up because a rank's shard write failed (later ones still commit)."""
+    newly_committed: list[int] = field(default_factory=list)
+
+
+COMMIT_PROGRESS = "commit-progress.json"
+"""Rank 0's commit progress for the other ranks: how they learn of a commit (one `stat` per step,
+one small read when it changed) instead of reading the manifest (O(world size)) every commit."""
+_RECENT_OUTCOMES = 64
+
+
+def write_commit_progress(
+    root: Path, *, identity: str, outcomes: dict[int, tuple[bool, float]]
+) -> None:
+    """Rank 0 (the commit thread): the outcome of this attempt's newest resolved saves, step ->
+    (committed, commit time); a step not committed was abandoned."""
+    recent = sorted(outcomes)[-_RECENT_OUTCOMES:]
+    write_json_atomic(root / COMMIT_PROGRESS, {
+        "identity": identity,
+        "newest": max(outcomes, default=-1),
+        "outcomes": {str(step): list(outcomes[step]) for step in recent},
+    })
+
+
+@dataclass(slots=True)
+class CommitProgressReader:
+    """A non-zero rank's view of `commit-progress.json` for its own attempt (`identity`)."""
+
+    root: Path
+    identity: str
+    newest: int = -1
+    outcomes: dict[int, tuple[bool, float]] = field(default_factory=dict)
+    _seen: tuple[int, int, int] | None = None
+
+    def refresh(self) -> None:
+        """One `stat`; the file is read only when it was replaced since the last look."""
+        path = self.root / COMMIT_PROGRESS
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            return
+        key = (info.st_ino, info.st_mtime_ns, info.st_size)
+        if key == self._seen:
+            return
+        self._seen = key
+        try:
+            data = json.loads(path.read_text())
+            if data.get("identity") != self.identity:
+                return  # a previous attempt's progress: this attempt has resolved nothing yet
+            self.newest = int(data["newest"])
+            self.outcomes = {int(step): (bool(done), float(at))
+                             for step, (done, at) in dict(data["outcomes"]).items()}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            self._seen = None  # unreadable (not written by rank 0's writer): look again later
+
+    def outcome(self, ckpt_dir: Path, step: int) -> tuple[bool, float] | None:
+        """(committed, commit time) once rank 0 resolved `step`, else None. A step older than
+        the recent outcomes the file keeps is looked up by its manifest (one `stat`)."""
+        if step in self.outcomes:
+            return self.outcomes[step]
+        if step > self.newest:
+            return None
+        try:
+            return True, (ckpt_dir / MANIFEST).stat().st_mtime
+        except FileNotFoundError:
+            return False, 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOutcome:
+    step: int
+    manifest: Manifest | None
+    """None: the save was abandoned (`errors`) or the commit failed (`failure`)."""
+    errors: tuple[str, ...] = ()
+    failure: Exception | None = None
+
+
+class CommitWorker:
+    """Rank 0's commits on a daemon thread, off the step loop.
+
+    Saves are resolved one at a time in the order submitted (step order): the thread lists the
+    directory (one `readdir`) until every rank's record is there, then reads each record once and
+    writes the manifest (`commit`), runs `after_commit` (commit log, `latest-committed-step`,
+    prune), and writes `commit-progress.json`. A save with an error record is abandoned instead,
+    so it never blocks later ones. The step loop only drains `outcomes()`: no file access."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        world_size: int,
+        identity: str,
+        job: str,
+        after_commit: Callable[[Manifest, Any], object],
+        interval_seconds: float = 0.05,
+    ) -> None:
+        self.root = root
+        self.world_size = world_size
+        self.identity = identity
+        self.job = job
+        self.after_commit = after_commit
+        self.interval_seconds = interval_seconds
+        self._jobs: queue.Queue[tuple[Path, int, Any]] = queue.Queue()
+        self._outcomes: queue.Queue[CommitOutcome] = queue.Queue()
+        self._stop = threading.Event()
+        self._resolved: dict[int, tuple[bool, float]] = {}
+        self._thread = threading.Thread(target=self._run, name="rtj-checkpoint-commit",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, directory: Path, step: int, context: Any = None) -> None:
+        self._jobs.put((directory, step, context))
+
+    def outcomes(self) -> list[CommitOutcome]:
+        """The saves resolved since the last call, in submission order (never blocks)."""
+        done = []
+        while True:
+            try:
+                done.append(self._outcomes.get_nowait())
+            except queue.Empty:
+                return done
+
+    def stop(self, timeout_seconds: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_seconds)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                directory, step, context = self._jobs.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            outcome = None
+            while outcome is None and not self._stop.is_set():
+                outcome = self._resolve(directory, step, context)
+                if outcome is None:
+                    self._stop.wait(self.interval_seconds)
+            if outcome is not None:
+                self._outcomes.put(outcome)
+
+    def _resolve(self, directory: Path, step: int, context: Any) -> CommitOutcome | None:
+        try:
+            missing, error_records = record_listing(directory, world_size=self.world_size)
+            if missing and not error_records:
+                return None
+            if error_records:
+                errors = failed_writes(directory, world_size=self.world_size)
+                abandon(directory, "; ".join(errors))
+                outcome = CommitOutcome(step, None, tuple(errors))
+                self._resolved[step] = (False, 0.0)
+            else:
+                manifest = commit(directory, step=step, world_size=self.world_size,
+                                  identity=self.identity, job=self.job)
+                if manifest is None:  # a record vanished between the listing and the read
+                    return None
+                self.after_commit(manifest, context)
+                outcome = CommitOutcome(step, manifest)
+                self._resolved[step] = (True, manifest.committed_at)
+            write_commit_progress(self.root, identity=self.identity, outcomes=self._resolved)
+            for old in sorted(self._resolved)[:-_RECENT_OUTCOMES]:
+                del self._resolved[old]
+            return outcome
+        except Exception as exc:  # handed to the step loop, which raises it (poll)
+            return CommitOutcome(step, None, failure=exc)
