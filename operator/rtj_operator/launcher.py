@@ -9,17 +9,18 @@ flag was checked against `ft_launcher --help` / `nvrx-control --help` of nvidia-
 
 from __future__ import annotations
 
+from rtj_wire import pod
+
 from rtj_operator.api.models import ResilientTrainingJob
 from rtj_operator.config import OperatorSettings
 from rtj_operator.ftflags import LauncherSettings, ft_flags
 from rtj_operator.podplan import PodPlan
 
-TRAINER_FATAL_EXIT_CODE = 94
-"""The trainer's exit code for an error restarting cannot fix (rtj_trainer.errors; the contract
-test ties the two)."""
-NO_RESTART_EXIT_CODE = 93
+TRAINER_FATAL_EXIT_CODE = pod.FATAL_EXIT_CODE
+"""The trainer's exit code for an error restarting cannot fix (rtj_wire.pod)."""
+NO_RESTART_EXIT_CODE = pod.NO_RESTART_EXIT_CODE
 """ft_launcher's `--ft-no-restart-exit-code`: NVRx decided the job must not be restarted (also
-what every launcher exits with after a worker exited with a non-retryable code: ftlaunch)."""
+what every launcher exits with after a worker exited with a non-retryable code: the shim)."""
 SPARES_EXIT_BARRIER_SECONDS = 5.0
 """torchelastic's exit barrier in jobs with spares (`--rtj-exit-barrier-timeout`): after a takeover
 the lost launcher never arrives there. It only keeps a store-hosting launcher alive for the
@@ -56,7 +57,7 @@ def trainer_argv(
     """
     spec = job.spec
     return [
-        # ft_launcher through the trainer image's shim (rtj_trainer/ftlaunch.py): a worker that
+        # ft_launcher through the trainer image's shim (rtj_trainer.launcher): a worker that
         # exits with a non-retryable code (the trainer's fatal 94, nonRetryableExitCodes) stops
         # every launcher's restarts, and they exit 93. With spares, its exit barrier does not
         # wait five minutes for the launcher of a pod a spare replaced.

@@ -181,6 +181,9 @@ class RankSample:
     standby: bool = False
     """The rank is a warm spare waiting to take over (`rtj_trainer_standby` 1): it trains
     nothing and sends no heartbeats."""
+    connected_time: float | None = None
+    """Only for a rank known from its NVRx rank monitor (a team's own script): when its worker
+    connected to the monitor."""
 
 
 @dataclass(frozen=True, kw_only=True)

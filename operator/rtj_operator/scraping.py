@@ -45,7 +45,8 @@ def _sample(record: RankRecord) -> RankSample:
         local_rank=record.local_rank, rank=record.rank, heartbeat=record.heartbeat,
         step=record.step, committed_step=record.committed_step,
         committed_time=record.committed_time, goodput_ratio=record.goodput_ratio,
-        restarts=dict(record.restarts), standby=record.standby)
+        restarts=dict(record.restarts), standby=record.standby,
+        connected_time=record.connected_time)
 
 
 def rank_sample_from_text(text: str, *, local_rank: int) -> RankSample:

@@ -94,14 +94,14 @@ def trainer_env(
         (env.CHECKPOINT_KEEP, str(spec.checkpoint.keep)),
         (env.CHECKPOINT_MODE, spec.checkpoint.mode.lower()),
         (env.METRICS_PORT, str(settings.trainer_metrics_port)),
-        (env.INPROCESS_RESTART,
-         "1" if spec.fault_tolerance.in_process_restart == "Enabled" else "0"),
+        (env.INPROCESS_RESTART, "1" if spec.in_process_restart_enabled else "0"),
         (env.SPARE_NODES, str(spec.fault_tolerance.spares)),
         # Only a job that asks for it may fire TRAINER_FAULTS (the trainer refuses them else).
         *(((env.FAULT_INJECTION, "1"),)
           if spec.fault_tolerance.fault_injection == "Enabled" else ()),
         (env.HEARTBEAT_TIMEOUT_SECONDS, str(spec.fault_tolerance.heartbeat_timeout_seconds)),
-        (env.WARM_WORKERS, "1" if warm_workers(spec.fault_tolerance.warm_workers, plan) else "0"),
+        (env.WARM_WORKERS, "1" if warm_workers(spec.fault_tolerance.warm_workers, plan,
+                                                 builtin=spec.runs_builtin_trainer) else "0"),
         # Other jobs whose checkpoints this one may resume (the trainer refuses any other's).
         *(((env.CHECKPOINT_RESUME_FROM_JOBS, ",".join(spec.checkpoint.resume_from_jobs)),)
           if spec.checkpoint.resume_from_jobs else ()),
@@ -113,7 +113,7 @@ def trainer_env(
         platform.update(profiles.EFA_ENV)
     if plan.gpus > 0:
         platform.update(NCCL_ENV)
-        if spec.fault_tolerance.in_process_restart == "Enabled":
+        if spec.in_process_restart_enabled:
             platform.update(IN_PROCESS_RESTART_NCCL_ENV)
     user = [e.to_api() for e in spec.env]
     user_names = {e.name for e in spec.env}
@@ -121,12 +121,12 @@ def trainer_env(
     return [*downward, *_value_env(contract), *platform_env, *user]
 
 
-def warm_workers(setting: str, plan: PodPlan) -> bool:
+def warm_workers(setting: str, plan: PodPlan, *, builtin: bool = True) -> bool:
     """Whether the launcher starts its workers from pre-imported processes
     (rtj_trainer.launcher.warmpool, `faultTolerance.warmWorkers`). `Auto` turns them on with GPUs:
     on one H200 a SIGKILLed rank was training again 9.5-11.7 s after the fault instead of 20 s, and
     a cold start took 11-12 s instead of 17-18 s; on a 2-core CPU machine the imports of the
     refilled pool compete with training (docs/benchmarks.md)."""
     if setting == "Auto":
-        return plan.gpus > 0
+        return plan.gpus > 0 and builtin  # the shim starts warm workers for rtj_trainer only
     return setting == "Enabled"

@@ -1,5 +1,5 @@
 """Fatal trainer errors end the job, and the final status is the trainer's own (issue 11, items 7
-and 8): the real trainer under the ftlaunch shim, the harness kubelet's termination messages,
+and 8): the real trainer under the launcher shim, the harness kubelet's termination messages,
 the operator as its own process (tests/e2e/conftest.py).
 """
 

@@ -48,7 +48,7 @@ def trainer_pids(cluster: Cluster, ns: str, pod: str) -> set[int]:
                 parent = " ".join(process.parent().cmdline()) if process.parent() else ""
             except (psutil.Error, ValueError):
                 continue
-            if "-m rtj_trainer " in f"{command} " and "ftlaunch" in parent:
+            if "-m rtj_trainer " in f"{command} " and "rtj_trainer.launcher" in parent:
                 pids.add(process.pid)
     return pids
 

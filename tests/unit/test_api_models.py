@@ -60,7 +60,7 @@ def test_a_minimal_job_gets_every_documented_default() -> None:
         ft.initial_heartbeat_timeout_seconds,
         ft.progress_timeout_seconds,
     ) == (60, 600, 900)
-    assert ft.in_process_restart == "Enabled" and ft.launcher_max_restarts == 3
+    assert ft.in_process_restart == "Auto" and ft.launcher_max_restarts == 3
     assert (ft.rank_restart_budget.max, ft.rank_restart_budget.window_seconds) == (10, 3600)
     assert (ft.full_restart_budget.max, ft.full_restart_budget.window_seconds) == (3, 86400)
     assert ft.restart_strategy == "RankRestart" and ft.non_retryable_exit_codes == []

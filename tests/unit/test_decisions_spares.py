@@ -118,8 +118,17 @@ def test_the_job_succeeds_without_the_replacement_that_never_joined() -> None:
 
 
 def test_spares_need_in_process_restart() -> None:
-    with pytest.raises(ValueError, match="spares needs inProcessRestart"):
+    with pytest.raises(ValueError, match="spares needs in-process restart"):
         job(faultTolerance={"inProcessRestart": "Disabled", "spares": 1})
+
+
+def test_spares_with_a_teams_own_command_need_in_process_restart_enabled() -> None:
+    """`Auto` is on for the built-in trainer only: a script of a team's own runs NVRx's
+    in-process wrapper only if it says so."""
+    with pytest.raises(ValueError, match="a command other than the built-in trainer"):
+        job(command=["python", "train.py"], faultTolerance={"spares": 1})
+    assert job(command=["python", "train.py"],
+               faultTolerance={"spares": 1, "inProcessRestart": "Enabled"})
 
 
 def test_a_pending_replacement_does_not_switch_off_hang_detection() -> None:

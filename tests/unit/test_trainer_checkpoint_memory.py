@@ -16,7 +16,7 @@ from checkpoint_helpers import save_checkpoint
 from rtj_trainer import checkpoint as ck
 from rtj_trainer.carry import CarryOver
 from rtj_trainer.config import CheckpointConfig
-from rtj_trainer.parallel import _into_template
+from rtj_trainer.parallel import into_template
 
 pytestmark = pytest.mark.unit
 
@@ -107,6 +107,6 @@ def test_a_finished_attempt_leaves_nothing_to_resume_from_memory(
 def test_a_plain_tensor_loaded_into_the_optimizer_is_a_copy() -> None:
     buffer = torch.zeros(8)
     saved = buffer[2:3]
-    loaded = _into_template(torch.zeros(1), saved, "optimizer.state.0.step")
+    loaded = into_template(torch.zeros(1), saved, "optimizer.state.0.step")
     loaded += 1  # Adam's `step_t += 1`
     assert torch.equal(buffer, torch.zeros(8))

@@ -30,6 +30,7 @@ from . import termination
 from .config import PRESETS, build_config, launch_environment
 from .errors import FATAL_EXIT_CODE, FatalError
 from .stop import STOP, exit_now, exit_soon, stop_exit_code
+from .stop import register as register_stop_signal
 
 if TYPE_CHECKING:
     from .config import Config
@@ -169,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(cfg.model_dump(), indent=1))
         return 0
     setup_logging(cfg.train.log_level)
+    # This worker commits a checkpoint of its step when its pod ends (SIGUSR2: rtj_trainer.stop);
+    # the launcher shim sends that signal only to workers that say so.
+    register_stop_signal()
     if cfg.train.dump_stacks_on_sigterm:
         import faulthandler
         import signal

@@ -46,19 +46,31 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+MAX_VOCAB = 262144
+"""Largest vocabulary (Gemma 3's 262,144 tokens); token files above 65,536 need uint32."""
+
+
 class ModelConfig(_Section):
-    """Shape of the GPT-style decoder."""
+    """The model: the built-in GPT-style decoder of this shape, or a Hugging Face causal LM
+    (`hf_path`), whose own config.json then gives the layers, widths and vocabulary."""
 
     num_layers: int = Field(ge=1)
     d_model: int = Field(ge=8)
     num_heads: int = Field(ge=1)
-    vocab_size: int = Field(ge=2, le=65536)
-    """At most 65536 so that token files can be uint16."""
+    vocab_size: int = Field(ge=2, le=MAX_VOCAB)
     seq_len: int = Field(ge=2)
+    """Tokens per training sequence (also with `hf_path`)."""
     ffn_multiplier: int = Field(default=4, ge=1)
+    hf_path: str | None = None
+    """A local directory in Hugging Face layout (`config.json`, and `*.safetensors` weights when
+    present): train that `AutoModelForCausalLM` (Llama, Qwen, Mistral, ...) instead of the GPT,
+    built on the meta device and sharded per decoder layer; its weights are loaded when present
+    (fine-tuning), else it is initialised from the config. Nothing is fetched from a hub."""
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelConfig:
+        if self.hf_path:
+            self._take_hf_shape()
         if self.d_model % self.num_heads:
             raise ValueError(
                 f"model.d_model ({self.d_model}) must be divisible by model.num_heads "
@@ -66,21 +78,48 @@ class ModelConfig(_Section):
             )
         return self
 
+    def _take_hf_shape(self) -> None:
+        """The shape fields from the Hugging Face config (layers, width, heads, vocabulary)."""
+        assert self.hf_path is not None
+        file = Path(self.hf_path) / "config.json"
+        try:
+            hf = json.loads(file.read_text())
+        except OSError as exc:
+            raise ValueError(f"model.hf_path: cannot read {file}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"model.hf_path: {file} is not JSON: {exc}") from None
+        text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else hf
+        try:
+            shape = {"num_layers": int(text["num_hidden_layers"]),
+                     "d_model": int(text["hidden_size"]),
+                     "num_heads": int(text["num_attention_heads"]),
+                     "vocab_size": int(text["vocab_size"])}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"model.hf_path: {file} lacks a causal LM's shape ({exc})") from None
+        if shape["vocab_size"] > MAX_VOCAB:
+            raise ValueError(f"model.hf_path: vocabulary of {shape['vocab_size']} tokens is over "
+                             f"{MAX_VOCAB}")
+        for name, value in shape.items():
+            object.__setattr__(self, name, value)
+
 
 class DataConfig(_Section):
     """Where token batches come from; a batch is a pure function of (seed, step, rank)."""
 
-    kind: Literal["synthetic", "memmap"] = "synthetic"
+    kind: Literal["synthetic", "memmap", "hf"] = "synthetic"
     path: str | None = None
-    """A flat uint16 token file (for kind=memmap), e.g. on the FSx mount."""
+    """kind=memmap: a flat token file of `dtype` (e.g. on the FSx mount); kind=hf: a `datasets`
+    `save_to_disk` directory with an `input_ids` column, packed into `seq_len + 1` blocks."""
+    dtype: Literal["uint16", "uint32"] = "uint16"
+    """kind=memmap: the token file's integer type (uint32 for vocabularies above 65,536)."""
     batch_size: int = Field(default=4, ge=1)
     """Sequences per rank per step."""
     seed: int = 1234
 
     @model_validator(mode="after")
     def _memmap_needs_path(self) -> DataConfig:
-        if self.kind == "memmap" and not self.path:
-            raise ValueError("data.path is required when data.kind is 'memmap'")
+        if self.kind in ("memmap", "hf") and not self.path:
+            raise ValueError(f"data.path is required when data.kind is '{self.kind}'")
         return self
 
 
@@ -243,6 +282,14 @@ class Config(_Section):
     """RTJ_FAULT_INJECTION: whether `faults` may fire. The operator sets it only for a job whose
     spec asks for it (`faultTolerance.faultInjection: Enabled`); train-local.sh sets it."""
     _fault_list: tuple[Fault, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _tokens_fit_their_type(self) -> Config:
+        if (self.data.kind == "memmap" and self.data.dtype == "uint16"
+                and self.model.vocab_size > 65536):
+            raise ValueError(f"data.dtype: uint16 tokens cannot hold a vocabulary of "
+                             f"{self.model.vocab_size} (model.vocab_size); use uint32")
+        return self
 
     @model_validator(mode="after")
     def _parse_faults(self) -> Config:

@@ -36,7 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from . import gloocut
+from . import gloocut, hfmodel
 from .checkpoint.format import CheckpointError
 from .config import Config, LaunchEnvironment
 from .model import GPT
@@ -168,22 +168,34 @@ def poll(done: Callable[[], bool], *, seconds: float, max_pause: float,
     return True
 
 
-def build_model(cfg: Config, ctx: DistributedContext, *, initialise: bool = True) -> GPT:
-    """The sharded model on this rank's device.
+def build_model(cfg: Config, ctx: DistributedContext, *,
+                initialise: bool = True) -> torch.nn.Module:
+    """The sharded model on this rank's device: the GPT, or the Hugging Face causal LM of
+    `model.hf_path` (rtj_trainer.hfmodel).
 
     `initialise`: build the whole model on the device with seeded weights (identical on every
-    rank), then shard. Without it (a checkpoint is about to overwrite every parameter) the model is
-    built on the meta device, sharded there, and only this rank's shards are allocated, with no
-    initialisation kernels: a restart neither builds nor initialises the full model.
+    rank), then shard; a Hugging Face directory with weights loads them instead. Without it (a
+    checkpoint is about to overwrite every parameter) the model is built on the meta device,
+    sharded there, and only this rank's shards are allocated, with no initialisation kernels: a
+    restart neither builds nor initialises the full model.
     """
-    if initialise:
-        with torch.device(ctx.device):
-            model = GPT(cfg.model)
-        generator = torch.Generator(device=ctx.device).manual_seed(cfg.train.seed)
-        model.init_weights(generator)
-    else:
+    hf_path = cfg.model.hf_path
+    pretrained = hf_path is not None and hfmodel.has_weights(hf_path)
+    on_meta = not initialise or pretrained
+    model: torch.nn.Module
+    if hf_path is not None:
+        model = hfmodel.build(hf_path, device="meta" if on_meta else ctx.device,
+                              seed=None if on_meta else cfg.train.seed)
+        blocks: torch.nn.ModuleList = hfmodel.decoder_layers(model)
+    elif on_meta:
         with torch.device("meta"):
             model = GPT(cfg.model)
+        blocks = model.blocks
+    else:
+        with torch.device(ctx.device):
+            gpt = GPT(cfg.model)
+        gpt.init_weights(torch.Generator(device=ctx.device).manual_seed(cfg.train.seed))
+        model, blocks = gpt, gpt.blocks
     use_bf16 = cfg.train.mixed_precision == "bf16" or (
         cfg.train.mixed_precision == "auto" and ctx.device.type == "cuda"
     )
@@ -192,12 +204,24 @@ def build_model(cfg: Config, ctx: DistributedContext, *, initialise: bool = True
         if use_bf16
         else MixedPrecisionPolicy()
     )
-    for block in model.blocks:
+    for block in blocks:
         fully_shard(block, mesh=ctx.mesh, mp_policy=policy)
     fully_shard(model, mesh=ctx.mesh, mp_policy=policy)
-    if not initialise:
+    if on_meta:
         model.to_empty(device=ctx.device)
+        if hf_path is not None:
+            hfmodel.restore_buffers(model, ctx.device)
+    if initialise and pretrained:
+        assert hf_path is not None
+        hfmodel.load_weights(model, hf_path)
     return model
+
+
+def forward_logits(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """The logits of a forward pass, whichever model (a Hugging Face model returns an output
+    object)."""
+    output = model(inputs)
+    return output if isinstance(output, torch.Tensor) else output.logits  # type: ignore[no-any-return]
 
 
 def build_optimizer(
@@ -249,7 +273,7 @@ def barrier(keepalive: Callable[[], object], *, timeout: timedelta,
 
 
 def train_step(
-    model: GPT,
+    model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     tokens: torch.Tensor,
@@ -273,7 +297,7 @@ def train_step(
     waits keep the host from running ahead of a stuck collective and release the GIL.
     """
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    logits = model(inputs)
+    logits = forward_logits(model, inputs)
     loss = torch.nn.functional.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)
     )
@@ -294,17 +318,18 @@ def train_step(
     return mean / dist.get_world_size()
 
 
-def _to_local(value: Any) -> Any:
+def to_local(value: Any) -> Any:
+    """`value` with every DTensor replaced by this rank's local slice."""
     if isinstance(value, DTensor):
         return value.to_local()
     if isinstance(value, dict):
-        return {k: _to_local(v) for k, v in value.items()}
+        return {k: to_local(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_to_local(v) for v in value]
+        return [to_local(v) for v in value]
     return value
 
 
-def _into_template(template: Any, saved: Any, where: str) -> Any:
+def into_template(template: Any, saved: Any, where: str) -> Any:
     """Copy saved local slices into the DTensors of a freshly obtained state-dict template."""
     if isinstance(template, DTensor):
         local = template.to_local()
@@ -318,10 +343,10 @@ def _into_template(template: Any, saved: Any, where: str) -> Any:
         missing = set(template) - set(saved)
         if missing:
             raise ValueError(f"checkpoint lacks {where}.{sorted(missing)[:3]}")
-        return {k: _into_template(v, saved[k], f"{where}.{k}") for k, v in template.items()}
+        return {k: into_template(v, saved[k], f"{where}.{k}") for k, v in template.items()}
     if isinstance(template, list):
         pairs = enumerate(zip(template, saved, strict=True))
-        return [_into_template(t, s, f"{where}[{i}]") for i, (t, s) in pairs]
+        return [into_template(t, s, f"{where}[{i}]") for i, (t, s) in pairs]
     if isinstance(template, torch.Tensor) and isinstance(saved, torch.Tensor):
         # Always a copy: a saved tensor may be a view of the staging buffer (a resume from
         # memory), which the optimizer would otherwise update in place (Adam's `step`).
@@ -337,8 +362,8 @@ def local_state(
     """This rank's slice of model, optimizer and scheduler state (tensors still on the device)."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
     return {
-        MODEL: _to_local(model_sd),
-        OPTIMIZER: _to_local(optim_sd),
+        MODEL: to_local(model_sd),
+        OPTIMIZER: to_local(optim_sd),
         SCHEDULER: scheduler.state_dict(),
     }
 
@@ -414,8 +439,8 @@ def load_local_state(
     set_state_dict(
         model,
         optimizer,
-        model_state_dict=_into_template(model_template, saved[MODEL], MODEL),
-        optim_state_dict=_into_template(optim_template, saved[OPTIMIZER], OPTIMIZER),
+        model_state_dict=into_template(model_template, saved[MODEL], MODEL),
+        optim_state_dict=into_template(optim_template, saved[OPTIMIZER], OPTIMIZER),
     )
     scheduler.load_state_dict(saved[SCHEDULER])
 

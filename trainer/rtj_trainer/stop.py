@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from rtj_wire.env import STOP_SIGNAL_DIR
 from rtj_wire.pod import CHECKPOINT_AND_STOP_SIGNAL, PEER_STOPPED_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -66,6 +67,34 @@ next rendezvous round."""
 EXIT_AFTER_STOP_SECONDS = 10.0
 """How long a worker that stopped (its checkpoint committed, its termination message written)
 may take to leave the in-process wrapper before it ends itself with its exit code."""
+
+
+def register(env: dict[str, str] | None = None) -> bool:
+    """Tell the launcher shim that this worker handles `STOP_SIGNAL` (checkpoint, then stop): a
+    file `local-rank-<LOCAL_RANK>` in `RTJ_STOP_SIGNAL_DIR` (rtj_wire.env). The shim sends the
+    signal only to workers that registered; every other worker gets the torchrun convention when
+    its pod ends (SIGTERM, then SIGKILL after the launcher's `--term-timeout`). Returns whether
+    it registered (False outside the shim, or where the directory is gone)."""
+    source = os.environ if env is None else env
+    directory, local_rank = source.get(STOP_SIGNAL_DIR, ""), source.get("LOCAL_RANK", "")
+    if not directory or not local_rank.isdigit():
+        return False
+    try:
+        with open(os.path.join(directory, f"local-rank-{int(local_rank)}"), "w") as marker:
+            marker.write(f"{os.getpid()}\n")
+    except OSError:
+        return False
+    return True
+
+
+def registered_local_ranks(directory: str) -> set[int]:
+    """The local ranks whose workers registered in `directory` (the shim's side of `register`)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return set()
+    return {int(name.removeprefix("local-rank-")) for name in names
+            if name.startswith("local-rank-") and name.removeprefix("local-rank-").isdigit()}
 
 
 def stop_exit_code(asked: bool) -> int:

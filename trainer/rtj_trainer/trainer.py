@@ -127,7 +127,7 @@ class Trainer:
         timeline.mark("identity")
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.data = TokenBatches(cfg.data, seq_len=cfg.model.seq_len,
-                                 vocab_size=cfg.model.vocab_size)
+                                 vocab_size=cfg.model.vocab_size, world_size=ctx.world_size)
         carry = session.carry
         close_interrupted(carry)  # an earlier attempt's writer: kept or stopped before a new one
         stage_offered(carry)  # and the state it offered to keep, if the finalize step did not

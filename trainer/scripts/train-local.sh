@@ -21,7 +21,7 @@ export RTJ_JOB_NAME=${RTJ_JOB_NAME:-train-local}
 # collectives (a few seconds on CPU) before it kills the ranks: a longer default then.
 if [[ ${RTJ_INPROCESS_RESTART:-0} == 1 ]]; then
   export RTJ_HEARTBEAT_TIMEOUT_SECONDS=${RTJ_HEARTBEAT_TIMEOUT_SECONDS:-15}
-  # As in the operator's pods (builders.IN_PROCESS_RESTART_NCCL_ENV): a CUDA error seen by the
+  # As in the operator's pods (trainerenv.IN_PROCESS_RESTART_NCCL_ENV): a CUDA error seen by the
   # NCCL watchdog after an abort must not end the process.
   export TORCH_NCCL_RETHROW_CUDA_ERRORS=${TORCH_NCCL_RETHROW_CUDA_ERRORS:-0}
 else
@@ -41,7 +41,7 @@ mapfile -t FT_FLAGS < <("$BIN/python" -m rtj_operator.ftflags \
   --heartbeat-timeout="$RTJ_HEARTBEAT_TIMEOUT_SECONDS" --gpus="$GPUS")
 [[ ${#FT_FLAGS[@]} -gt 0 ]] || { echo "[train-local] python -m rtj_operator.ftflags failed" >&2; exit 2; }
 
-# ft_launcher through the shim the pods run (rtj_trainer/ftlaunch.py): a worker that exits with
+# ft_launcher through the shim the pods run (rtj_trainer.launcher): a worker that exits with
 # 94 (rtj_trainer.errors.FATAL_EXIT_CODE: restarting cannot help) ends the run with 93 at once.
 exec "$BIN/python" -m rtj_trainer.launcher --rtj-non-retryable-exit-codes=94 --standalone --nnodes=1 --nproc-per-node="${RTJ_NPROC_PER_NODE:-2}" "${FT_FLAGS[@]}" \
   --no-python "$BIN/python" -m rtj_trainer --preset tiny "$@"

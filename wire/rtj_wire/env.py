@@ -48,3 +48,7 @@ LOG_LEVEL: Final = "RTJ_LOG_LEVEL"
 LOST_PODS_FILE: Final = "RTJ_LOST_PODS_FILE"
 """The pod-local file of the operator's verdicts on lost peer pods (rtj_wire.lostpods)."""
 WARM_POOL_DIR: Final = "RTJ_WARM_POOL_DIR"
+STOP_SIGNAL_DIR: Final = "RTJ_STOP_SIGNAL_DIR"
+"""Where a worker that handles the checkpoint-and-stop signal (rtj_wire.pod) says so: a file named
+`local-rank-<r>` (rtj_trainer.stop.register). The shim sends that signal to those workers only;
+every other worker gets the torchrun convention (SIGTERM, then SIGKILL after the grace)."""

@@ -6,12 +6,18 @@ small JSON document per pod (rtj_trainer.launcher.podmetrics):
 
     {"ranks": [{"localRank": 0, "rank": 0, "heartbeat": 1.7e9, "step": 42, "committedStep": 40,
                 "committedTime": 1.7e9, "goodputRatio": 0.9, "restarts": {"launcher": 0},
-                "standby": false, "answered": true}, ...],
+                "standby": false, "answered": true, "source": "metrics"}, ...],
      "finished": true}
 
 Optional keys are left out when unknown. `answered: false` marks a rank that stopped answering
-(its last values are kept: its heartbeat goes stale). `finished` (only when true) says every local
-worker exited 0. The operator reads it back with `parse_document` (rtj_operator.scraping).
+(its last values are kept: its heartbeat goes stale). `source` says where the rank's record comes
+from: `metrics` (its own Prometheus page: the trainer, or a script using the trainer's library),
+or `nvrx` (only its NVRx rank monitor: a script that sends NVRx heartbeats and nothing else; its
+heartbeat is the newest heartbeat or section message the monitor received, `heartbeat` absent
+until the first). A rank that neither serves a page nor connected to its rank monitor is not
+listed: a pod whose ranks report nothing answers `{"ranks": []}`. `finished` (only when true)
+says every local worker exited 0. The operator reads it back with `parse_document`
+(rtj_operator.scraping).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 PATH: Final = "/ranks"
+METRICS_SOURCE: Final = "metrics"
+NVRX_SOURCE: Final = "nvrx"
 
 METRIC_PREFIX: Final = "rtj_trainer_"
 HEARTBEAT: Final = "heartbeat_timestamp_seconds"
@@ -58,15 +66,21 @@ class RankRecord:
     standby: bool = False
     answered: bool = True
     """False: the rank stopped answering; these are its last values."""
+    source: str = METRICS_SOURCE
+    """`metrics` or `nvrx` (the module docstring)."""
+    connected_time: float | None = None
+    """`nvrx` only: when the rank's worker connected to its rank monitor (its timers start
+    there, as the monitor's own do)."""
 
     def to_json(self) -> dict[str, Any]:
         record: dict[str, Any] = {"localRank": self.local_rank, "rank": self.rank,
                                   "restarts": dict(self.restarts), "standby": self.standby,
-                                  "answered": self.answered}
+                                  "answered": self.answered, "source": self.source}
         for key, value in (("heartbeat", self.heartbeat), ("step", self.step),
                            ("committedStep", self.committed_step),
                            ("committedTime", self.committed_time),
-                           ("goodputRatio", self.goodput_ratio)):
+                           ("goodputRatio", self.goodput_ratio),
+                           ("connectedTime", self.connected_time)):
             if value is not None:
                 record[key] = value
         return record
@@ -94,6 +108,8 @@ class RankRecord:
             if isinstance(restarts, dict) else {},
             standby=record.get("standby") is True,
             answered=record.get("answered") is not False,
+            source=NVRX_SOURCE if record.get("source") == NVRX_SOURCE else METRICS_SOURCE,
+            connected_time=_number(record, "connectedTime") or None,
         )
 
     @classmethod

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, Self
 
@@ -108,6 +108,7 @@ POD_READ_SETTINGS: tuple[tuple[str, str, str | None], ...] = (
     ("checkpoint", "intervalSteps", None),
     ("checkpoint", "mode", "Sync"),
     ("faultTolerance", "inProcessRestart", "Disabled"),
+    ("faultTolerance", "inProcessRestart", "Enabled"),
     ("faultTolerance", "heartbeatTimeoutSeconds", None),
     ("faultTolerance", "initialHeartbeatTimeoutSeconds", None),
     ("faultTolerance", "faultInjection", "Enabled"),
@@ -122,6 +123,28 @@ PROFILE_REQUIRED_MESSAGE = (
     + ", ".join(profiles.BUILT_IN_PROFILES)
     + ")"
 )
+
+
+BUILT_IN_TRAINER_COMMAND = ("python", "-m", "rtj_trainer")
+BUILT_IN_TRAINER_CEL = (
+    "!has(self.command) || (self.command.size() >= 3 && "
+    "self.command[0].matches('^(.*/)?python[0-9.]*$') && self.command[1] == '-m' && "
+    "self.command[2] == 'rtj_trainer')"
+)
+"""The CEL form of `runs_builtin_trainer`."""
+SPARES_COMMAND_MESSAGE = (
+    "faultTolerance.spares needs in-process restart, which a command other than the built-in "
+    "trainer (`python -m rtj_trainer`) gets only with faultTolerance.inProcessRestart: Enabled "
+    "(the worker must run NVRx's in-process wrapper)"
+)
+
+
+def runs_builtin_trainer(command: Sequence[str]) -> bool:
+    """Whether `command` is the built-in trainer: `<python> -m rtj_trainer` (any python binary,
+    by name or path). Every other command is a team's own script (docs/byo.md): no in-process
+    restart or warm workers by default, and hang detection only from what it reports."""
+    return (len(command) >= 3 and re.fullmatch(r"(.*/)?python[0-9.]*", command[0]) is not None
+            and command[1] == "-m" and command[2] == "rtj_trainer")
 
 
 class ResilientTrainingJobSpec(ApiModel):
@@ -155,6 +178,14 @@ class ResilientTrainingJobSpec(ApiModel):
             ),
             *(_nested_only_while_suspended(parent, name, other)
               for parent, name, other in POD_READ_SETTINGS),
+            cel(
+                "!has(self.faultTolerance) || !has(self.faultTolerance.spares) || "
+                "self.faultTolerance.spares == 0 || (has(self.faultTolerance.inProcessRestart) "
+                "&& self.faultTolerance.inProcessRestart == 'Enabled') || "
+                + BUILT_IN_TRAINER_CEL,
+                SPARES_COMMAND_MESSAGE,
+                field_path=".faultTolerance.spares",
+            ),
             cel(
                 "!has(self.faultTolerance) || !has(oldSelf.faultTolerance) || "
                 "(has(self.faultTolerance.spares) ? self.faultTolerance.spares : 0) == "
@@ -280,7 +311,20 @@ class ResilientTrainingJobSpec(ApiModel):
             raise ValueError(f"env: duplicate names {duplicates}")
         if "TRAINER_FAULTS" in names and self.fault_tolerance.fault_injection != "Enabled":
             raise ValueError("env TRAINER_FAULTS needs faultTolerance.faultInjection: Enabled")
+        if self.fault_tolerance.spares and not self.in_process_restart_enabled:
+            raise ValueError(SPARES_COMMAND_MESSAGE)
         return self
+
+    @property
+    def runs_builtin_trainer(self) -> bool:
+        """The workers are the built-in trainer (`runs_builtin_trainer`)."""
+        return runs_builtin_trainer(self.command)
+
+    @property
+    def in_process_restart_enabled(self) -> bool:
+        """`faultTolerance.inProcessRestart` resolved: `Auto` is on for the built-in trainer."""
+        setting = self.fault_tolerance.in_process_restart
+        return setting == "Enabled" or (setting == "Auto" and self.runs_builtin_trainer)
 
 
 # --- the resource -----------------------------------------------------------------------------

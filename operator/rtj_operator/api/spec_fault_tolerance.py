@@ -66,9 +66,9 @@ class FaultTolerance(ApiModel):
                 field_path=".initialHeartbeatTimeoutSeconds",
             ),
             cel(
-                "self.spares == 0 || self.inProcessRestart == 'Enabled'",
-                "faultTolerance.spares needs inProcessRestart: Enabled (spares take over inside "
-                "the in-process restart's world)",
+                "self.spares == 0 || self.inProcessRestart != 'Disabled'",
+                "faultTolerance.spares needs in-process restart, not inProcessRestart: Disabled "
+                "(spares take over inside the in-process restart's world)",
                 field_path=".spares",
             ),
         )
@@ -112,11 +112,14 @@ class FaultTolerance(ApiModel):
         ge=10,
         le=604800,
     )
-    in_process_restart: Literal["Enabled", "Disabled"] = Field(
-        default="Enabled",
+    in_process_restart: Literal["Auto", "Enabled", "Disabled"] = Field(
+        default="Auto",
         description=(
             "`Enabled` lets NVRx restart the training loop inside the running processes first "
-            "(fastest recovery); `Disabled` goes straight to process restarts."
+            "(fastest recovery; the worker must run NVRx's in-process wrapper, as the built-in "
+            "trainer does); `Disabled` goes straight to process restarts. `Auto`: enabled for "
+            "the built-in trainer (`command` is `python -m rtj_trainer`), disabled for any "
+            "other command."
         ),
     )
     warm_workers: Literal["Auto", "Enabled", "Disabled"] = Field(
@@ -204,6 +207,7 @@ class FaultTolerance(ApiModel):
 
     @model_validator(mode="after")
     def _spares_need_in_process_restart(self) -> Self:
-        if self.spares and self.in_process_restart != "Enabled":
-            raise ValueError("faultTolerance.spares needs inProcessRestart: Enabled")
+        if self.spares and self.in_process_restart == "Disabled":
+            raise ValueError("faultTolerance.spares needs in-process restart (inProcessRestart "
+                             "Auto or Enabled)")
         return self

@@ -52,6 +52,11 @@ class ConditionType(StrEnum):
     QUEUED = "Queued"
     """Only on a job queued through Kueue: True while it waits for Kueue to admit its Workload
     (or is being stopped after an eviction), with Kueue's own message; False once admitted."""
+    HANG_DETECTION = "HangDetection"
+    """Whether the operator can detect a hung worker: True while every running pod's workers
+    report heartbeats (the built-in trainer, or a script that sends NVRx heartbeats or uses the
+    trainer's library); False, with the pods named, while some pod of a team's own script
+    reports nothing (it is supervised as processes only). Set once the pods run."""
 
 
 class RankState(StrEnum):
@@ -166,6 +171,11 @@ class Reason(StrEnum):
     stays suspended."""
     PLACEMENT_CONFLICT = "PlacementConflict"
     """Queued: the admission's flavors cannot be merged into the job's placement."""
+    HEARTBEATS_WATCHED = "HeartbeatsWatched"
+    """HangDetection is True: every running pod's workers report heartbeats."""
+    NO_HEARTBEATS = "WorkersReportNoHeartbeats"
+    """HangDetection is False: some pod's workers send no NVRx heartbeats and serve no trainer
+    metrics, so a hang there is not detected (exits and lost pods still are)."""
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]

@@ -48,12 +48,26 @@ from rtj_operator.decisions.state import DetectedFault, Pass, from_unix, iso
 from rtj_operator.observed import NodeLiveness
 
 
-def oldest_heartbeat(node: NodeLiveness) -> float | None:
-    """The oldest heartbeat (Unix time) of the pod's ranks, when every rank answered with one."""
+def oldest_heartbeat(node: NodeLiveness, *, listed_only: bool = False) -> float | None:
+    """The oldest heartbeat (Unix time) of the pod's ranks, when every rank answered with one
+    (`listed_only`, a team's own script: every rank the pod lists, when it lists any)."""
     beats = [s.heartbeat for s in node.samples if s.heartbeat is not None]
+    if listed_only:
+        return min(beats) if node.samples and len(beats) == len(node.samples) else None
     if not node.complete or len(beats) != node.expected_ranks:
         return None
     return min(beats)
+
+
+def not_reporting(p: Pass, index: int) -> bool:
+    """The pod's workers report nothing: a team's own script (not the built-in trainer) whose pod
+    answers with no rank listed (none serves a metrics page, none connected to its NVRx rank
+    monitor). Such a pod is supervised as processes only (exits, lost pods): it is never
+    declared hung or stale, and the job's `HangDetection` condition says so (docs/byo.md)."""
+    if p.spec.runs_builtin_trainer:
+        return False
+    node = _node_liveness(p, index)
+    return node is not None and not node.samples
 
 
 def completed_step(node: NodeLiveness) -> int | None:
@@ -69,7 +83,7 @@ def node_heartbeat(p: Pass, index: int) -> datetime | None:
     node = p.liveness.get(index)
     pod = p.observed.trainer_pods.get(index)
     if node is not None and pod is not None and node.pod_uid == pod.uid:
-        beat = oldest_heartbeat(node)
+        beat = oldest_heartbeat(node, listed_only=not p.spec.runs_builtin_trainer)
         if beat is not None:
             return from_unix(beat)
     previous = p.prev_ranks.get(index)
@@ -125,6 +139,12 @@ def _pod_clock(p: Pass, index: int) -> datetime | None:
     if rendezvous is None or rendezvous.phase != "Running" or rendezvous.deleting:
         return None
     moments = [m for m in (_shared_clock(p), pod.started_at) if m is not None]
+    if not p.spec.runs_builtin_trainer:
+        # A script's rank monitor times a worker from its connection (its initial heartbeat
+        # timeout applies until its first heartbeat): so does the operator.
+        node = _node_liveness(p, index)
+        moments += [from_unix(s.connected_time) for s in (node.samples if node else ())
+                    if s.connected_time]
     return max(moments) if moments else None
 
 
@@ -189,6 +209,9 @@ def _standby(p: Pass, index: int, node: NodeLiveness | None) -> bool:
     """Whether the pod trains nothing now: its every rank says it is a warm spare, or it is a
     replacement still waiting for the next launcher round (no worker answers yet; once its
     ranks answer, it joined a round and is no longer waiting)."""
+    if not_reporting(p, index):
+        p.waiting.discard(index)  # it never answers with ranks: its pod running is all we know
+        return False
     answered = node is not None and node.complete and len(node.samples) == node.expected_ranks
     if index in p.waiting:
         if answered:
@@ -224,6 +247,8 @@ def observe_ranks(p: Pass) -> None:
                 state = RankState.STANDBY
         elif finishing(p, index):
             state = RankState.SUCCEEDED
+        elif pod.phase == "Running" and not_reporting(p, index):
+            state = RankState.RUNNING  # its processes run; that is all it tells
         p.rank(index, pod=pod.name, node=pod.node_name, attempt=pod.attempt,
                last_heartbeat_time=beat, step=step, state=state, unresponsive_since=None)
     for index in p.active():
@@ -267,8 +292,9 @@ def silence(p: Pass) -> Silence:
     stuck = False
     for index in p.active():
         clock = _pod_clock(p, index)
-        if clock is None or (starting is not None and starting != index) or finishing(p, index):
-            continue  # not counting, held by a starting peer, or done training
+        if (clock is None or (starting is not None and starting != index) or finishing(p, index)
+                or not_reporting(p, index)):
+            continue  # not counting, held by a starting peer, done training, or never reports
         if _node_liveness(p, index) is None:
             silent.append(index)
             continue

@@ -33,7 +33,7 @@ from rtj_operator.api.vocabulary import (
     RecoveryAction,
 )
 from rtj_operator.decisions import stops
-from rtj_operator.decisions.hangs import degraded_observation
+from rtj_operator.decisions.hangs import degraded_observation, not_reporting
 from rtj_operator.decisions.podfaults import training_finished
 from rtj_operator.decisions.state import (
     Decision,
@@ -116,7 +116,10 @@ def running(p: Pass, start_time: datetime) -> Decision:
         recover_incidents(p)
         recovering = False
     reason: Reason | RecoveryAction
-    if all_ready:
+    if all_ready and any(not_reporting(p, i) for i in p.active()):
+        state, reason, message = JobState.RUNNING, Reason.RUNNING, (
+            "Every pod runs (some pods' workers report no heartbeats: see HangDetection).")
+    elif all_ready:
         state, reason, message = JobState.RUNNING, Reason.RUNNING, "Every rank sends heartbeats."
     elif recovering:
         open_incident = next(i for i in reversed(p.incidents) if is_open(i))
@@ -144,6 +147,9 @@ def running(p: Pass, start_time: datetime) -> Decision:
     was_degraded = any(c.type == ConditionType.OBSERVATION_DEGRADED and c.status == "True"
                        for c in p.prev.conditions)
     details = _not_starting_detail(p)
+    hang_detection = _hang_detection(p)
+    if hang_detection is not None:
+        details[ConditionType.HANG_DETECTION] = hang_detection[1]
     if degraded is not None:
         details[ConditionType.OBSERVATION_DEGRADED] = (Reason.OBSERVATION_DEGRADED, degraded)
         if not was_degraded:
@@ -153,7 +159,9 @@ def running(p: Pass, start_time: datetime) -> Decision:
         conditions={ConditionType.RUNNING: all_ready, ConditionType.READY: all_ready,
                     ConditionType.RECOVERING: recovering,
                     ConditionType.PODS_NOT_STARTING: bool(p.not_starting),
-                    ConditionType.OBSERVATION_DEGRADED: degraded is not None},
+                    ConditionType.OBSERVATION_DEGRADED: degraded is not None,
+                    **({ConditionType.HANG_DETECTION: hang_detection[0]}
+                       if hang_detection is not None else {})},
         start_time=start_time, ready_nodes=ready, details=details,
     )
     return decision(p, written)
@@ -235,6 +243,31 @@ def checkpoint_staleness(
     )
 
 
+_SAY_WHY_FALSE = frozenset({ConditionType.HANG_DETECTION})
+"""Conditions whose message says why they are False (the others say why they are True)."""
+
+
+def _hang_detection(p: Pass) -> tuple[bool, tuple[str, str]] | None:
+    """HangDetection once some pod runs: False while a running pod's workers report nothing
+    (`hangs.not_reporting`), naming them; None before any pod runs."""
+    running_pods = [i for i in p.active() if (pod := p.observed.trainer_pods.get(i)) is not None
+                    and pod.phase == "Running"]
+    if not running_pods:
+        return None
+    silent = [p.observed.trainer_pods[i].name for i in running_pods if not_reporting(p, i)]
+    timeout = p.spec.fault_tolerance.heartbeat_timeout_seconds
+    if not silent:
+        return True, (Reason.HEARTBEATS_WATCHED,
+                      f"hung workers are detected from their heartbeats "
+                      f"(heartbeatTimeoutSeconds={timeout})")
+    shown = ", ".join(silent[:5]) + (f" and {len(silent) - 5} more" if len(silent) > 5 else "")
+    return False, (Reason.NO_HEARTBEATS,
+                   f"hang detection is off for pod(s) {shown}: their workers send no NVRx "
+                   "heartbeats and serve no trainer metrics, so a hung worker there is not "
+                   "detected; exits, lost pods and nodes still are. Send heartbeats with NVRx's "
+                   "RankMonitorClient or the trainer's library (docs/byo.md)")
+
+
 def _conditions(
     p: Pass, truths: dict[ConditionType, bool], reason: str, message: str,
     details: dict[ConditionType, tuple[str, str]] | None = None,
@@ -251,8 +284,10 @@ def _conditions(
                 type=kind, status="False", observed_generation=p.job.metadata.generation,
                 last_transition_time=p.now, reason=Reason.ADMITTED))
             continue
-        if kind == ConditionType.QUEUED:
-            # Only a job queued through Kueue has it; rule 0 writes it (`queueing.report`).
+        if kind == ConditionType.QUEUED or (kind == ConditionType.HANG_DETECTION
+                                             and kind not in truths):
+            # Queued: only a job queued through Kueue has it; rule 0 writes it
+            # (`queueing.report`). HangDetection: written while the job runs (`running`).
             if kind in previous:
                 result.append(previous[kind])
             continue
@@ -266,7 +301,7 @@ def _conditions(
             observed_generation=p.job.metadata.generation,
             last_transition_time=p.now if moved or before is None else before.last_transition_time,
             reason=own_reason[:1024],
-            message=own_message[:32768] if status == "True" else "",
+            message=own_message[:32768] if status == "True" or kind in _SAY_WHY_FALSE else "",
         ))
     return result
 

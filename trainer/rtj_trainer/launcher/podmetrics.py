@@ -7,7 +7,9 @@ benchmarks.md, "Scale"), so the launcher shim (`rtj_trainer.launcher`), one per 
 its local ranks' endpoints over loopback (in parallel, a short timeout) and answers one small
 JSON document (its format: rtj_wire.ranks).
 
-A rank is listed once it has answered at least once; when it stops answering (its worker died
+A rank is listed once its page has answered at least once (or, for a rank that serves no page,
+once its NVRx rank monitor saw it connect: its heartbeats are then the monitor's, `"source":
+"nvrx"`); when it stops answering (its worker died
 or is being restarted by ft_launcher) the last values it gave are kept with `"answered": false`,
 so its heartbeat goes stale: the operator then has evidence (the pod answers, the rank's own
 heartbeat is old) instead of silence. A rank that never answered is not listed.
@@ -28,6 +30,7 @@ port is the job's NetworkPolicy's business (the job's own pods and the operator'
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import threading
@@ -44,6 +47,7 @@ from rtj_wire import ranks as wire_ranks
 from rtj_wire.pod import pod_endpoint_port as pod_port
 from rtj_wire.ranks import RankRecord
 
+from ..nvrx.launcher import MonitorState, read_monitor_state
 from .verdicts import VerdictBook
 
 __all__ = ["PodRanks", "accept_verdict", "pod_port", "rank_record", "serve",
@@ -71,12 +75,16 @@ def _fetch(url: str) -> str | None:
 
 
 class PodRanks:
-    """The pod's view of its local ranks: the last record of each rank that ever answered."""
+    """The pod's view of its local ranks: the last record of each rank whose metrics page ever
+    answered, else what its NVRx rank monitor received (`monitor`, when given: a script that
+    sends NVRx heartbeats and serves no page)."""
 
     def __init__(self, *, host: str, metrics_port: int, procs: int,
-                 fetch: Callable[[str], str | None] = _fetch) -> None:
+                 fetch: Callable[[str], str | None] = _fetch,
+                 monitor: Callable[[int], MonitorState | None] | None = None) -> None:
         self.urls = [f"http://{host}:{metrics_port + r}/metrics" for r in range(procs)]
         self._fetch = fetch
+        self._monitor = monitor
         self._last: dict[int, RankRecord] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(1, procs), thread_name_prefix="podranks")
@@ -103,8 +111,17 @@ class PodRanks:
                 elif local_rank in self._last:
                     self._last[local_rank] = dataclasses.replace(self._last[local_rank],
                                                                  answered=False)
-            return wire_ranks.document([self._last[r] for r in sorted(self._last)],
-                                  finished=self._finished)
+            records = dict(self._last)
+            for local_rank in range(len(self.urls)):
+                if local_rank not in records and self._monitor is not None:
+                    state = self._monitor(local_rank)
+                    if state is not None:
+                        records[local_rank] = RankRecord(
+                            local_rank=local_rank, rank=state.rank, heartbeat=state.heartbeat,
+                            answered=state.connected, source=wire_ranks.NVRX_SOURCE,
+                            connected_time=state.connected_at)
+            return wire_ranks.document([records[r] for r in sorted(records)],
+                                       finished=self._finished)
 
 
 MAX_BODY_BYTES = 65536
@@ -185,7 +202,8 @@ def procs_from_argv(argv: list[str]) -> int | None:
 
 
 def start_from_environment(env: Mapping[str, str], argv: list[str],
-                           verdicts: VerdictBook | None = None) -> PodRanks | None:
+                           verdicts: VerdictBook | None = None,
+                           monitor_dir: str | None = None) -> PodRanks | None:
     """Start the pod endpoint when the pod has RTJ_METRICS_HOST/RTJ_METRICS_PORT (the operator
     sets both) and the launcher's worker count is known, and return what it serves; None
     otherwise. Never fails the launcher: a port in use is logged."""
@@ -198,7 +216,9 @@ def start_from_environment(env: Mapping[str, str], argv: list[str],
     port = pod_port(base)
     if not host or not port or not procs:
         return None
-    ranks = PodRanks(host=host, metrics_port=base, procs=procs)
+    monitor = (functools.partial(read_monitor_state, monitor_dir)
+               if monitor_dir is not None else None)
+    ranks = PodRanks(host=host, metrics_port=base, procs=procs, monitor=monitor)
     try:
         serve(ranks, host, port, verdicts)
         return ranks

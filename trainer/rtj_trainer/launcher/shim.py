@@ -22,18 +22,19 @@ there, so every surviving pod would stay Running five minutes after the job fini
 only keeps a store-hosting launcher alive for the others; our store lives in the rendezvous pod
 (nvrx-control), so a short wait loses nothing.
 
-**Checkpoint now, then stop, when the pod is ended** (always on). On SIGTERM (the kubelet ending
-the pod: a suspend, preemption, deletion or drain) ft_launcher stops its workers with the same
-signal and SIGKILLs them after `--term-timeout`. The shim sends them
-`rtj_trainer.stop.STOP_SIGNAL` (SIGUSR2) instead, to each worker process only (not its process
-group: the worker's checkpoint writer must outlive the signal), and waits up to `--term-timeout`
-for them to commit a checkpoint of their current step and exit (rtj_trainer.stop); whatever is
-left then gets ft_launcher's own SIGTERM and SIGKILL. A second SIGTERM meanwhile (the operator
-deleting a pod that is already stopping) does not cut the wait short. The same happens when the
-launcher loses the rendezvous store (its pod evicted, or lost): the launcher cannot go on, but
+**Checkpoint now, then stop, when the pod is ended** (for workers that ask for it). On SIGTERM (the
+kubelet ending the pod: a suspend, preemption, deletion or drain) ft_launcher stops its workers with
+the same signal and SIGKILLs them after `--term-timeout`: the torchrun convention, which every
+worker gets by default. A worker that handles the checkpoint-and-stop signal says so when it starts
+(`rtj_trainer.stop.register`: the trainer, and a script using the trainer's library); to those the
+shim sends `rtj_wire.pod.CHECKPOINT_AND_STOP_SIGNAL` (SIGUSR2) first, to each worker process only
+(not its process group: the worker's checkpoint writer must outlive the signal), and waits up to
+`--term-timeout` for them to commit a checkpoint of their current step and exit (rtj_trainer.stop);
+whatever is left then gets ft_launcher's own SIGTERM and SIGKILL. A second SIGTERM meanwhile (the
+operator deleting a pod that is already stopping) does not cut the wait short. The same happens when
+the launcher loses the rendezvous store (its pod evicted, or lost): the launcher cannot go on, but
 its workers are healthy and their process group needs no store, so they checkpoint their current
-step first. Stopping workers to restart them after a fault is unchanged (SIGTERM: they die at
-once).
+step first. Stopping workers to restart them after a fault is unchanged (SIGTERM: they die at once).
 
 **Letting the local workers finish a stop.** When another pod's workers were asked to stop, every
 rank stops at the same step and this pod's workers exit with `PEER_STOPPED_EXIT_CODE` (95), one
@@ -62,12 +63,14 @@ attach client `<python> -m rtj_trainer.warm.attach ...`, which hands each worker
 **The pod's liveness endpoint.** The shim also serves `GET /ranks` on
 RTJ_METRICS_HOST:(RTJ_METRICS_PORT - 1): every local rank's heartbeat, step and counters in one
 small JSON document (rtj_trainer.launcher.podmetrics), so the operator reads one endpoint per pod,
-not one per rank. On the same port it takes the operator's verdicts on lost peer pods (`POST
-/lost-pods`) and keeps them in a pod-local file (RTJ_LOST_PODS_FILE, exported to its workers), from
-which the workers tell NVRx's in-process wrapper at once (rtj_trainer.podloss). When every local
-worker exited 0 the shim marks the pod finished there (`"finished": true`), before the launcher
-enters the exit barrier: its ranks' heartbeats stop because training is done, and the
-operator must not take the barrier's wait for a hang.
+not one per rank. A rank that serves no metrics page but sends NVRx heartbeats (a team's own script)
+is listed from what its rank monitor received (rtj_trainer.nvrx.launcher, patch 8). On the same port
+it takes the operator's verdicts on lost peer pods (`POST /lost-pods`) and keeps them in a pod-local
+file (RTJ_LOST_PODS_FILE, exported to its workers), from which the workers tell NVRx's in-process
+wrapper at once (rtj_trainer.podloss). When every local worker exited 0 the shim marks the pod
+finished there (`"finished": true`), before the launcher enters the exit barrier: its ranks'
+heartbeats stop because training is done, and the operator must not take the barrier's wait for a
+hang.
 """
 
 
@@ -78,11 +81,14 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import termination
+from rtj_wire import env as wire_env
+
+from .. import stop, termination
 from ..nvrx import launcher as nvrx_launcher
 from ..warm import wire as warmwire
 from . import podmetrics, verdicts, warmpool
@@ -167,13 +173,25 @@ def verdict_book(env: MutableMapping[str, str]) -> verdicts.VerdictBook:
     return verdicts.VerdictBook(path, own_uid=env.get("POD_UID", ""))
 
 
+def pod_local_directory(env: MutableMapping[str, str], name: str, purpose: str) -> str:
+    """A private directory for the pod's processes, its path exported in `env[name]` (the
+    rank monitors and the workers inherit it); an existing value is kept."""
+    directory = env.get(name) or tempfile.mkdtemp(prefix=f"rtj-{purpose}-")
+    env[name] = directory
+    return directory
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     options, rest = split_argv(sys.argv[1:] if argv is None else argv)
-    pod = podmetrics.start_from_environment(os.environ, rest, verdict_book(os.environ))
+    monitors = pod_local_directory(os.environ, nvrx_launcher.MONITOR_STATE_DIR_ENV, "monitors")
+    stoppable = pod_local_directory(os.environ, wire_env.STOP_SIGNAL_DIR, "stop")
+    pod = podmetrics.start_from_environment(os.environ, rest, verdict_book(os.environ),
+                                            monitor_dir=monitors)
     rest = start_warm_workers(rest)  # first: their imports overlap the launcher's own
     nvrx_launcher.install(
         non_retryable=options.non_retryable,
         exit_barrier_timeout=options.exit_barrier_timeout,
+        stoppable=lambda: stop.registered_local_ranks(stoppable),
         on_finished=pod.mark_finished if pod is not None else None,
         on_non_retryable=record_termination,
     )

@@ -28,6 +28,12 @@ The patches, in short (NVRx 0.7.0 behaviour → what we need → cost measured):
    succeeded (before the exit barrier).
 7. `LocalElasticAgent._handle_restart_decision` and `_invoke_run` (`_install_peer_stop_refunds`):
    a round opened for a peer's stop spends one of `--max-restarts` → give it back.
+8. `RankMonitorServer._handle_init_msg`, `_handle_heartbeat_msg`, `_handle_section_msg` and
+   `_handle_ipc_connection_lost` (`export_rank_monitor_state`): what a rank monitor receives from
+   its worker stays inside that process, so the operator cannot see the heartbeats of a script
+   that sends NVRx heartbeats and nothing else → each monitor also writes its rank's state
+   (connected, newest heartbeat or section message) to a small file the shim reads for its pod
+   endpoint (`read_monitor_state`). One `pwrite` of 192 bytes per message.
 
 Private attributes read here (guarded with the functions that define their meaning):
 `_pcontext`, `_rdzv_handler`, `_rdzv_handler._barrier_state`, `_remaining_restarts`,
@@ -37,6 +43,8 @@ Private attributes read here (guarded with the functions that define their meani
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import signal
@@ -44,7 +52,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rtj_wire.pod import CHECKPOINT_AND_STOP_SIGNAL as STOP_SIGNAL
@@ -61,6 +70,10 @@ RENDEZVOUS_ROUND_POLL_SECONDS = 0.2
 (NVRx 0.7.0: a hard-coded 1 s, a whole second on every launcher restart, measured 1.01 s on an
 H200). Only launchers waiting for a round poll: at 1,000 nodes a few thousand small store reads a
 second, for about a second."""
+MONITOR_STATE_DIR_ENV = "RTJ_RANK_MONITOR_STATE_DIR"
+"""Set by the shim before ft_launcher forks its rank monitors: where each writes its rank's state
+(patch 8). Pod-local; not part of the wire."""
+MONITOR_STATE_BYTES = 192
 PEER_STOP_ROUND_KEY = "rtj_peer_stop_round_"
 """Suffix (after the rendezvous barrier's key prefix) of the store keys that mark the rounds
 opened for a peer's stop."""
@@ -68,6 +81,7 @@ opened for a peer's stop."""
 _FT = "nvidia_resiliency_ext.fault_tolerance"
 _AGENT = f"{_FT}.launcher:LocalElasticAgent"
 _ELASTIC = "torch.distributed.elastic.agent.server.api:SimpleElasticAgent"
+_RMS = f"{_FT}.rank_monitor_server:RankMonitorServer"
 PATCHES = (
     Patch("rank monitor reset on a new cycle",
           "an ABORTED rank monitor refuses every later worker of its local rank",
@@ -98,6 +112,12 @@ PATCHES = (
            Target(f"{_AGENT}._invoke_run", "a5b658f9a6ddfd0d"),
            Target(f"{_AGENT}._invoke_run_with_any_failed_policy", "c2fff9ca728b68c8"),
            Target(f"{_ELASTIC}.run", "1f0bf1529692b17f"))),
+    Patch("rank monitor state for the pod endpoint",
+          "what a rank monitor receives never leaves its process",
+          (Target(f"{_RMS}._handle_init_msg", "92d1ba899399b2c3"),
+           Target(f"{_RMS}._handle_heartbeat_msg", "7518a5b10cd1635e"),
+           Target(f"{_RMS}._handle_section_msg", "5ef3ab2949bf54c0"),
+           Target(f"{_RMS}._handle_ipc_connection_lost", "0e6620b73499bcc8"))),
 )
 """Digests: tests/unit/test_trainer_nvrx_guards.py prints the installed ones when they differ."""
 
@@ -152,6 +172,89 @@ def reset_aborted_rank_monitors() -> None:
         await original(self, msg, writer, send_response)
 
     _replace(server, "_handle_update_config_msg", _handle_update_config_msg)
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorState:
+    """What a rank monitor last received from its worker (patch 8)."""
+
+    connected: bool
+    """A worker is connected to the monitor (it called `init_workload_monitoring`)."""
+    heartbeat: float | None = None
+    """Unix time of the newest heartbeat or section message of the connected worker (None
+    before its first); kept after it disconnects, so that it goes stale."""
+    rank: int | None = None
+    """The worker's global rank, from its init message."""
+    connected_at: float | None = None
+
+
+class _StateFile:
+    """The monitor process's file for its local rank, rewritten in place by one `pwrite` of a
+    fixed-size record (a reader sees the old record or the new one; a torn read does not parse
+    and is retried by the next read)."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.state = MonitorState(connected=False)
+
+    def write(self, state: MonitorState) -> None:
+        self.state = state
+        directory = os.environ.get(MONITOR_STATE_DIR_ENV)
+        if not directory:
+            return
+        try:
+            if self.fd is None:
+                path = os.path.join(directory, f"rank-{os.environ.get('LOCAL_RANK', '0')}.json")
+                self.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            record = json.dumps(dataclasses.asdict(state), separators=(",", ":")).encode()
+            os.pwrite(self.fd, record.ljust(MONITOR_STATE_BYTES), 0)
+        except OSError:
+            pass  # the pod endpoint then shows less; the monitor itself goes on
+
+
+_STATE_FILE = _StateFile()
+"""The rank monitor process's own file (one monitor process per local rank)."""
+
+
+def read_monitor_state(directory: str, local_rank: int) -> MonitorState | None:
+    """The state a rank monitor wrote for `local_rank` (None: none yet, or a torn read)."""
+    try:
+        with open(os.path.join(directory, f"rank-{local_rank}.json"), "rb") as handle:
+            data = json.loads(handle.read(MONITOR_STATE_BYTES))
+        return MonitorState(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def export_rank_monitor_state() -> None:
+    """Patch 8 (idempotent; the monitors are forked from this process and inherit it)."""
+    from nvidia_resiliency_ext.fault_tolerance import rank_monitor_server
+
+    server = rank_monitor_server.RankMonitorServer
+    init, beat = server._handle_init_msg, server._handle_heartbeat_msg
+    section, lost = server._handle_section_msg, server._handle_ipc_connection_lost
+
+    async def _handle_init_msg(self: Any, msg: Any, writer: Any) -> None:
+        await init(self, msg, writer)
+        rank = getattr(getattr(msg, "rank_info", None), "global_rank", None)
+        _STATE_FILE.write(MonitorState(connected=True, rank=rank, connected_at=time.time()))
+
+    async def _handle_heartbeat_msg(self: Any, msg: Any, writer: Any) -> None:
+        await beat(self, msg, writer)
+        _STATE_FILE.write(dataclasses.replace(_STATE_FILE.state, heartbeat=time.time()))
+
+    async def _handle_section_msg(self: Any, msg: Any, writer: Any) -> None:
+        await section(self, msg, writer)
+        _STATE_FILE.write(dataclasses.replace(_STATE_FILE.state, heartbeat=time.time()))
+
+    def _handle_ipc_connection_lost(self: Any) -> None:
+        lost(self)
+        _STATE_FILE.write(dataclasses.replace(_STATE_FILE.state, connected=False))
+
+    _replace(server, "_handle_init_msg", _handle_init_msg)
+    _replace(server, "_handle_heartbeat_msg", _handle_heartbeat_msg)
+    _replace(server, "_handle_section_msg", _handle_section_msg)
+    _replace(server, "_handle_ipc_connection_lost", _handle_ipc_connection_lost)
 
 
 class _RoundPollTime:
@@ -250,14 +353,19 @@ def sigterm_ignored() -> Iterator[None]:
 
 
 def ask_workers_to_stop(pcontext: Any, timeout: float,
-                        stop_signal: signal.Signals = STOP_SIGNAL) -> float:
-    """Send `stop_signal` to every live worker process (not its group) and wait up to `timeout`
-    seconds for all of them to exit; returns the seconds left."""
+                        stop_signal: signal.Signals = STOP_SIGNAL,
+                        only: Collection[int] | None = None) -> float:
+    """Send `stop_signal` to every live worker process (not its group) whose local rank is in
+    `only` (None: every one) and wait up to `timeout` seconds for all of them to exit; returns
+    the seconds left (all of `timeout` when none was asked)."""
     handlers = getattr(pcontext, "subprocess_handlers", None)
     if not handlers:
         return timeout
     began = time.monotonic()
-    live = [h.proc for h in handlers.values() if h.proc.poll() is None]
+    live = [h.proc for local_rank, h in handlers.items()
+            if h.proc.poll() is None and (only is None or local_rank in only)]
+    if not live:
+        return timeout
     log.warning("asked to stop: %s to %d workers (checkpoint, then stop), at most %.0f s",
                 signal.Signals(stop_signal).name, len(live), timeout)
     with sigterm_ignored():
@@ -281,21 +389,24 @@ def install(
     *,
     non_retryable: frozenset[int] = frozenset(),
     exit_barrier_timeout: float | None = None,
-    stop_signal: signal.Signals | None = STOP_SIGNAL,
+    stop_signal: signal.Signals = STOP_SIGNAL,
+    stoppable: Callable[[], Collection[int]] | None = None,
     on_finished: Callable[[], None] | None = None,
     on_non_retryable: Callable[[list[tuple[int, int]]], None] | None = None,
 ) -> None:
-    """Patches 3-7 on ft_launcher's agent in this process (before `run` runs).
+    """Patches 3-8 on ft_launcher's agent and rank monitors in this process (before `run`).
 
-    `stop_signal`: what asks a worker to checkpoint, then stop, when the pod ends (None: the
-    workers get ft_launcher's own SIGTERM, the torchrun convention). `on_finished` is called once
-    the local worker group succeeded (every worker exited 0), before the exit barrier;
-    `on_non_retryable` with the (rank, code) of workers that exited with a non-retryable code,
-    before the launcher stops the job."""
+    `stop_signal` asks a worker to checkpoint, then stop, when the pod ends; it goes to the
+    local ranks `stoppable()` names (None: every worker), and every other worker gets only
+    ft_launcher's own SIGTERM (the torchrun convention). `on_finished` is called once the local
+    worker group succeeded (every worker exited 0), before the exit barrier; `on_non_retryable`
+    with the (rank, code) of workers that exited with a non-retryable code, before the launcher
+    stops the job."""
     from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     reset_aborted_rank_monitors()
+    export_rank_monitor_state()
     poll_rendezvous_rounds_faster()
     agent = launcher.LocalElasticAgent
     original_shutdown = agent._shutdown
@@ -306,16 +417,16 @@ def install(
         # signal (the pod is ending), from `run`'s `finally` when it failed otherwise (a lost
         # store: no signal), and without an exception when it stops workers to restart them.
         ending = sys.exception()
-        if stop_signal is not None and self._pcontext is not None:
-            if isinstance(ending, SignalException):
-                left = ask_workers_to_stop(self._pcontext, float(timeout), stop_signal)
-                timeout = max(1, int(left))
-            elif lost_the_store(ending):
-                log.error("the launcher lost the rendezvous store (%s): its workers checkpoint "
-                          "their current step before they stop", ending)
-                left = ask_workers_to_stop(self._pcontext, float(self._term_timeout),
-                                           stop_signal)
-                timeout = max(1, int(left))
+        only = stoppable() if stoppable is not None else None
+        if self._pcontext is not None and isinstance(ending, SignalException):
+            left = ask_workers_to_stop(self._pcontext, float(timeout), stop_signal, only)
+            timeout = max(1, int(left))
+        elif self._pcontext is not None and lost_the_store(ending):
+            log.error("the launcher lost the rendezvous store (%s): its workers checkpoint "
+                      "their current step before they stop", ending)
+            left = ask_workers_to_stop(self._pcontext, float(self._term_timeout),
+                                       stop_signal, only)
+            timeout = max(1, int(left))
         original_shutdown(self, death_sig, timeout)
 
     _replace(agent, "_shutdown", _shutdown)

@@ -1,0 +1,135 @@
+"""Hugging Face causal LMs as the built-in trainer's model (`model.hf_path`).
+
+`AutoModelForCausalLM` from a local directory in Hugging Face layout: `config.json`, and
+`*.safetensors` weights when present. Nothing is fetched from a hub (the directory is read with
+`local_files_only`); tests write tiny configs locally. What the rest of the trainer needs of a
+model, this module gives for any causal LM whose decoder layers sit in one `nn.ModuleList` (Llama,
+Qwen, Mistral, Gemma and their relatives):
+
+- `build`: the model on a device, initialised from the config with the job's seed (identical on
+  every rank), or on the meta device when a checkpoint or the directory's weights will overwrite
+  every parameter (a restart then allocates only this rank's shards and runs no initialisation);
+- `decoder_layers`: the FSDP units (rtj_trainer.parallel shards each, then the root);
+- `restore_buffers`: non-persistent buffers (rotary embeddings' `inv_freq`) are in no state dict,
+  so a model built on the meta device gets them computed again, from a fresh instance of the
+  module that holds them;
+- `load_weights`: the directory's safetensors into the sharded model (every rank reads the files,
+  memory-mapped; torch's state-dict API keeps this rank's shards).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+
+
+def hf_config(path: str | Path) -> Any:
+    """The directory's `PretrainedConfig`, with the KV cache off (training)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    config.use_cache = False
+    return config
+
+
+def has_weights(path: str | Path) -> bool:
+    return any(Path(path).glob("*.safetensors"))
+
+
+def build(path: str | Path, *, device: torch.device | str, seed: int | None) -> nn.Module:
+    """The causal LM of `path` on `device`: initialised from its config with `seed` (the same on
+    every rank), or, with `seed` None, built on `device` without initialisation (the meta
+    device: the caller loads every parameter)."""
+    from transformers import AutoModelForCausalLM
+
+    config = hf_config(path)
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            config, dtype=torch.float32)
+    model.config.use_cache = False
+    return model  # type: ignore[no-any-return]
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The model's decoder layers (one FSDP unit each): the ModuleList whose length is the
+    config's `num_hidden_layers`."""
+    config = getattr(model, "config", None)
+    text = getattr(config, "text_config", None) or config
+    count = getattr(text, "num_hidden_layers", None)
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == count:
+            return module
+    raise ValueError(f"model.hf_path: no list of {count} decoder layers in "
+                     f"{type(model).__name__}")
+
+
+def restore_buffers(model: nn.Module, device: torch.device) -> int:
+    """Compute the non-persistent buffers of a model that was built on the meta device and moved
+    with `to_empty` (their memory holds garbage): each module that holds one is built again
+    from its config, on the CPU, and its buffers copied over. Returns how many were restored."""
+    restored = 0
+    for module in model.modules():
+        names = [n for n in getattr(module, "_non_persistent_buffers_set", ()) if
+                 getattr(module, n, None) is not None]
+        if not names:
+            continue
+        config = getattr(module, "config", None)
+        if config is None:
+            raise ValueError(f"model.hf_path: {type(module).__name__} holds non-persistent "
+                             f"buffers {names} and no config to compute them from")
+        with torch.device("cpu"):
+            fresh = type(module)(config)
+        for name in names:
+            getattr(module, name).copy_(getattr(fresh, name).to(device))
+            restored += 1
+    return restored
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """The directory's safetensors weights into `model` (sharded or not): every parameter and
+    persistent buffer must be there, but for the ones tied to another (an untied copy of the
+    input embeddings is not stored)."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    state: dict[str, torch.Tensor] = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    expected = set(model.state_dict())
+    tied = _tied_keys(model)
+    missing = sorted(expected - set(state) - tied)
+    if missing:
+        raise ValueError(f"model.hf_path: the weights in {path} lack {missing[:5]}"
+                         f"{' and more' if len(missing) > 5 else ''}")
+    set_model_state_dict(model, {k: v for k, v in state.items() if k in expected},
+                         options=StateDictOptions(full_state_dict=True, strict=False))
+
+
+def _tied_keys(model: nn.Module) -> set[str]:
+    """Parameter names that share their tensor with an earlier name (tied embeddings)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        key = id(param)
+        if key in seen:
+            tied.add(name)
+        else:
+            seen[key] = name
+    return tied
+
+
+def config_dict(path: str | Path) -> dict[str, Any]:
+    """The directory's config.json, as the checkpoint keeps it (for `rtj_trainer.export`)."""
+    data: dict[str, Any] = json.loads((Path(path) / CONFIG_FILE).read_text())
+    return data
