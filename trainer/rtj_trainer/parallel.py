@@ -34,17 +34,20 @@ from torch._C._distributed_c10d import Store
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from . import gloocut, hfmodel
+from .checkpoint import reshard
 from .checkpoint.format import CheckpointError
+from .checkpoint.reshard import SHARDING
 from .config import Config, LaunchEnvironment
 from .model import GPT
 
 MODEL = "model"
 OPTIMIZER = "optimizer"
 SCHEDULER = "scheduler"
-"""Keys of `local_state()` in the checkpoint state (rtj_trainer.trainer adds the others)."""
+"""Keys of `local_state()` in the checkpoint state (rtj_trainer.trainer adds the others; the
+fourth, `SHARDING`, maps the sliced entries to their whole shapes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,7 +368,17 @@ def local_state(
         MODEL: to_local(model_sd),
         OPTIMIZER: to_local(optim_sd),
         SCHEDULER: scheduler.state_dict(),
+        SHARDING: {**sharding(model_sd, MODEL), **sharding(optim_sd, OPTIMIZER)},
     }
+
+
+def sharding(tree: Any, under: str) -> dict[str, list[int]]:
+    """The entries of `tree` (stored under the key `under`) that are this rank's dim-0 slices of
+    a sharded tensor, with the whole tensor's shape: what lets a checkpoint be read at another
+    world size, or put back together (rtj_trainer.checkpoint.reshard)."""
+    return {path: list(leaf.shape) for path, leaf in reshard.paths(tree, (under,))
+            if isinstance(leaf, DTensor) and len(leaf.placements) == 1
+            and isinstance(leaf.placements[0], Shard) and leaf.placements[0].dim == 0}
 
 
 def live_views(

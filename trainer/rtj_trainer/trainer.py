@@ -25,7 +25,7 @@ from typing import IO, Any
 import torch
 import torch.distributed as dist
 
-from . import parallel, timeline
+from . import hfmodel, parallel, timeline
 from .checkpoint import Checkpointer, close_interrupted, job_identity, stage_offered
 from .checkpoint.store import read_commit_log
 from .config import Config
@@ -53,10 +53,14 @@ STEP_COMPLETED_AT = "step_completed_at"
 LOSS = "loss"
 """The loss of the last completed step (the summary's `final_loss` of an attempt that resumes at
 the last step and runs none)."""
+HF_CONFIG = "hf_config"
+"""With `model.hf_path`: the model's config.json (text), so that an export of the checkpoint is a
+complete Hugging Face directory (rtj_trainer.export)."""
 NEXT_STEP = "next_step"
 FINGERPRINT = "fingerprint"
 LOSSES_FILE = "losses.jsonl"
 _FROM = {"local": " from the node-local copies", "memory": " from the staging copy in memory",
+         "resharded": " written at another world size, resharded",
          "live": " from the training state at the fault, kept in memory (no step recomputed)"}
 """How the resume log names where a checkpoint was read from (the shared store: nothing)."""
 
@@ -128,6 +132,8 @@ class Trainer:
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.data = TokenBatches(cfg.data, seq_len=cfg.model.seq_len,
                                  vocab_size=cfg.model.vocab_size, world_size=ctx.world_size)
+        self._hf_config = (json.dumps(hfmodel.config_dict(cfg.model.hf_path))
+                           if cfg.model.hf_path else "")
         carry = session.carry
         close_interrupted(carry)  # an earlier attempt's writer: kept or stopped before a new one
         stage_offered(carry)  # and the state it offered to keep, if the finalize step did not
@@ -221,6 +227,8 @@ class Trainer:
             STEP_COMPLETED_AT: completed_at,
             LOSS: self.loss,
         })
+        if self.cfg.model.hf_path:
+            state[HF_CONFIG] = self._hf_config
         return state
 
     def offer_live_state(self) -> bool:

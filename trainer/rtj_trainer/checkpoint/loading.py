@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from ..config import CheckpointConfig
 from ..errors import ForeignCheckpointError, WorldSizeChangedError
+from . import reshard
 from .committer import CheckpointStats
 from .format import (
     CheckpointError,
@@ -33,10 +34,12 @@ from .format import (
 from .local import LocalCopy, common_newest, local_copies
 from .staging import HostStaging, tensor_views, unflatten_state
 from .store import (
+    ReshardPlan,
     ResumePlan,
+    other_world_sizes,
     read_committed,
     refuse_foreign_checkpoints,
-    refuse_other_world_size,
+    reshard_plan,
     resume_plans,
     shard_problems,
 )
@@ -53,7 +56,8 @@ class LoadedCheckpoint:
     state: dict[str, Any]
     rejected: tuple[str, ...]
     source: str = "store"
-    """"store" (the shared store), "local" (every rank's node-local copy), "memory" (every
+    """"store" (the shared store), "resharded" (the shared store, written at another world
+    size), "local" (every rank's node-local copy), "memory" (every
     rank's staging buffer, after an in-process restart) or "live" (the same, holding the training
     state the interrupted attempt had reached: `stage_live`)."""
 
@@ -91,20 +95,66 @@ class Resumable:
                 committed = read_committed(self.root)  # every manifest read once
                 refuse_foreign_checkpoints(self.root, job=self.job, accepted=self.accepted_jobs,
                                            committed=committed)
-                refuse_other_world_size(self.root, world_size=self.world_size,
-                                        committed=committed)
-                plans = resume_plans(self.root, world_size=self.world_size, committed=committed)
+                if other_world_sizes(self.root, world_size=self.world_size, committed=committed):
+                    plans = [reshard_plan(self.root, world_size=self.world_size,
+                                          committed=committed)] * self.world_size
+                else:
+                    plans = resume_plans(self.root, world_size=self.world_size,
+                                         committed=committed)
             except (ForeignCheckpointError, WorldSizeChangedError) as exc:
                 plans = [(type(exc).__name__, str(exc))] * self.world_size
         received: list[Any] = [None]
         dist.scatter_object_list(received, plans, src=0)
         plan = received[0]
+        if isinstance(plan, ReshardPlan):
+            return self.load_resharded(plan)
         if not isinstance(plan, ResumePlan):
             kind, message = plan
             if kind == ForeignCheckpointError.__name__:
                 raise ForeignCheckpointError(message)
             raise WorldSizeChangedError(message)
         return self.load_from_plan(plan)
+
+    def load_resharded(self, plan: ReshardPlan) -> LoadedCheckpoint:
+        """Collective: this rank's state at its world size from a checkpoint written at another
+        (rtj_trainer.checkpoint.reshard): old rank 0's shard (the structure and every entry that
+        is not sliced), then the old shards holding this rank's rows; each checked against its
+        record first, and every rank must succeed."""
+        directory = self.root / plan.name
+        old: dict[int, dict[str, Any]] = {}
+        problem = ""
+        try:
+            old[0] = self._read_old_shard(directory, plan, 0)
+            needed = reshard.needed_ranks(reshard.sharding_of(old[0]),
+                                          old_world_size=plan.world_size, rank=self.rank,
+                                          world_size=self.world_size)
+            for old_rank in needed:
+                if old_rank not in old:
+                    old[old_rank] = self._read_old_shard(directory, plan, old_rank)
+            state = reshard.reshard(old, old_world_size=plan.world_size, rank=self.rank,
+                                    world_size=self.world_size)
+        except (CheckpointError, OSError, ValueError, KeyError) as exc:
+            problem = f"{plan.name}: {exc}"
+        if not self._agree(not problem):
+            raise WorldSizeChangedError(
+                f"{problem or 'another rank could not reshard the checkpoint'} (written by "
+                f"{plan.world_size} ranks, this job has {self.world_size})")
+        if self.stats.committed_step < 0:
+            self.stats.committed_step, self.stats.committed_at = plan.committed
+        self._resumed_from = directory
+        log.info("resharded %s from %d ranks to %d", plan.name, plan.world_size,
+                 self.world_size, extra={"rank": self.rank})
+        return LoadedCheckpoint(directory, True, state, (), source="resharded")
+
+    def _read_old_shard(self, directory: Path, plan: ReshardPlan,
+                        old_rank: int) -> dict[str, Any]:
+        record = ShardRecord.from_json(plan.records[old_rank])
+        problems = shard_problems(directory, record, verify_checksums=self.cfg.verify_checksums)
+        if problems:
+            raise CheckpointError("; ".join(problems))
+        state: dict[str, Any] = read_shard(directory / shard_file_name(old_rank,
+                                                                       plan.world_size))
+        return state
 
     def load_from_plan(self, plan: ResumePlan) -> LoadedCheckpoint | None:
         """This rank's part of `load_latest` once it holds its plan (all ranks call it

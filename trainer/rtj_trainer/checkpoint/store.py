@@ -167,6 +167,40 @@ def committed_checkpoints(root: Path) -> list[Path]:
     return [entry for _, _, entry in found]
 
 
+@dataclass(frozen=True, slots=True)
+class ReshardPlan:
+    """What rank 0 sends every rank when the committed checkpoints were all written at another
+    world size: the newest one whose manifest fits its own world size, to be read resharded
+    (rtj_trainer.checkpoint.reshard)."""
+
+    name: str
+    world_size: int
+    records: tuple[dict[str, Any], ...]
+    """Every old rank's shard record, by old rank."""
+    committed: tuple[int, float]
+
+
+def reshard_plan(root: Path, *, world_size: int, committed: Committed) -> ReshardPlan:
+    """The plan to resume at `world_size` from the newest committed checkpoint of another world
+    size; `WorldSizeChangedError` (fatal) when none can be read."""
+    problems: list[str] = []
+    for ckpt_dir, read in committed:
+        if not isinstance(read, Manifest):
+            problems.append(str(read))
+            continue
+        found = manifest_problems(ckpt_dir, read, world_size=read.world_size)
+        if found:
+            problems.extend(found)
+            continue
+        records = sorted(read.shards, key=lambda shard: shard.rank)
+        return ReshardPlan(ckpt_dir.name, read.world_size,
+                           tuple(shard.to_json() for shard in records),
+                           (read.step, read.committed_at))
+    raise WorldSizeChangedError(
+        f"the committed checkpoints in {root} were written at another world size and none can "
+        f"be read to reshard for {world_size} ranks: {'; '.join(problems) or 'none found'}")
+
+
 def refuse_other_world_size(
     root: Path, *, world_size: int, committed: Committed | None = None
 ) -> None:

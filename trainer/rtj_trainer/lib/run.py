@@ -38,6 +38,7 @@ from torch.optim import Optimizer
 from .. import termination
 from ..carry import CarryOver
 from ..checkpoint import Checkpointer, job_identity
+from ..checkpoint.reshard import SHARDING
 from ..config import (
     CheckpointConfig,
     ConfigError,
@@ -49,7 +50,7 @@ from ..config import (
 from ..ledger import LEDGER_FILE, Ledger, advance_ledger
 from ..metrics import Snapshot, TrainerMetrics
 from ..nvrx import monitor
-from ..parallel import into_template, to_local
+from ..parallel import into_template, sharding, to_local
 from ..stop import STOP, StopAgreement, exit_now, stop_exit_code, torch_reduce
 from ..stop import register as register_stop_signal
 
@@ -246,8 +247,11 @@ class Run:
         if model is not None:
             model_sd, optim_sd = get_state_dict(self.state[model], optimizers or [])
             flat[model] = to_local(model_sd)
+            slices = sharding(model_sd, model)
             for key in _keys_of(self.state, Optimizer):
                 flat[key] = to_local(optim_sd) if optimizers else {}
+                slices.update(sharding(optim_sd, key))
+            flat[SHARDING] = slices
         for key, value in self.state.items():
             if key in flat:
                 continue
@@ -269,7 +273,7 @@ class Run:
                 optim_state_dict=(into_template(optim_template, saved[optim_key], optim_key)
                                   if optim_key is not None else {}))
         for key, value in self.state.items():
-            if key == model or isinstance(value, Optimizer):
+            if key in (model, SHARDING) or isinstance(value, Optimizer):
                 continue
             if key not in saved:
                 raise ConfigError(f"checkpoint holds no {key!r}: the state saved had "
@@ -354,8 +358,9 @@ def _model_and_optimizers(state: dict[str, Any]) -> tuple[str | None, list[Optim
 def _check_state(state: dict[str, Any]) -> None:
     if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
         raise ConfigError("rtj_trainer.lib.init: state must be a dict with string keys")
-    if RESERVED in state:
-        raise ConfigError(f"rtj_trainer.lib.init: the key {RESERVED!r} is the library's own")
+    for key in (RESERVED, SHARDING):
+        if key in state:
+            raise ConfigError(f"rtj_trainer.lib.init: the key {key!r} is the library's own")
     if len(_keys_of(state, Optimizer)) > 1:
         raise ConfigError("rtj_trainer.lib.init: state holds more than one optimizer; put one "
                           "(torch's state-dict API takes one per module)")
