@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from rtj_wire.pod import pod_endpoint_port
 
-from rtj_operator import launcher, naming, profiles
+from rtj_operator import launcher, naming, podextras, profiles
 from rtj_operator.api import API_VERSION, KIND
 from rtj_operator.api.models import ResilientTrainingJob
 from rtj_operator.config import OperatorSettings, label_map
@@ -84,6 +84,8 @@ def _scheduling(job: ResilientTrainingJob) -> Manifest:
         spec["serviceAccountName"] = template.service_account_name
     if template.scheduler_name:
         spec["schedulerName"] = template.scheduler_name
+    if template.image_pull_secrets:
+        spec["imagePullSecrets"] = podextras.image_pull_secrets(job)
     return spec
 
 
@@ -199,6 +201,9 @@ def trainer_pod(
         "volumes": volumes,
         **_scheduling(job),
     }
+    starting = podextras.init_containers(job, container["securityContext"])
+    if starting:
+        pod_spec["initContainers"] = starting
     affinity = avoiding(pod_spec.get("affinity"), avoid_nodes)
     if affinity is not None:
         pod_spec["affinity"] = affinity
@@ -252,7 +257,7 @@ def _trainer_volumes(
             {"name": naming.SHM_VOLUME,
              "emptyDir": {"medium": "Memory", "sizeLimit": resolved.shm_size}}
         )
-    return mounts, volumes
+    return mounts + podextras.extra_mounts(job), volumes + podextras.extra_volumes(job)
 
 
 def _trainer_container(
@@ -295,6 +300,7 @@ def _trainer_container(
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security_context(
             job, memory_lock=template is not None and template.memory_lock),
+        **podextras.container_extras(job),
     }
 
 
@@ -317,7 +323,7 @@ def rendezvous_pod(
         "containers": [
             {
                 "name": naming.RENDEZVOUS_CONTAINER,
-                "image": spec.image,
+                "image": spec.rendezvous_image or spec.image,
                 "imagePullPolicy": spec.image_pull_policy,
                 "command": launcher.rendezvous_argv(job, plan, settings),
                 "env": [field_env("POD_IP", "status.podIP")],

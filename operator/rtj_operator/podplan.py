@@ -30,6 +30,9 @@ from rtj_operator.profiles import (
 )
 
 DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS = 120
+DEFAULT_SHM_SIZE = "1Gi"
+"""/dev/shm of an instance type without a built-in profile (the container runtime's own is 64
+MiB, too little for a DataLoader's workers); podTemplate.shmSize sets any size."""
 """The trainer pod's grace period when spec.podTemplate.terminationGracePeriodSeconds is not set.
 
 On SIGTERM (suspend, preemption, deletion, drain) the trainers commit a checkpoint of their
@@ -55,7 +58,8 @@ class ResolvedResources:
     """The profile's selector merged under `spec.podTemplate.nodeSelector` (the template wins)."""
     env: dict[str, str]
     shm_size: str | None
-    """Size limit of a memory-backed /dev/shm emptyDir, or None for no dedicated /dev/shm."""
+    """Size limit of the memory-backed /dev/shm emptyDir (podTemplate.shmSize, else the
+    profile's, else DEFAULT_SHM_SIZE); None: no dedicated /dev/shm."""
     profile: InstanceProfile | None
 
 
@@ -95,7 +99,7 @@ def resolve_profile(spec: ResilientTrainingJobSpec) -> ResolvedResources:
     limits: dict[str, str] = {}
     node_selector: dict[str, str] = {}
     env: dict[str, str] = {}
-    shm_size: str | None = None
+    shm_size: str = DEFAULT_SHM_SIZE
     if profile is not None:
         reserved = {
             GPU_RESOURCE: str(profile.gpus),
@@ -112,6 +116,8 @@ def resolve_profile(spec: ResilientTrainingJobSpec) -> ResolvedResources:
         limits.update(spec.resources.limits)
     if spec.pod_template is not None:
         node_selector.update(spec.pod_template.node_selector)
+        if spec.pod_template.shm_size is not None:
+            shm_size = spec.pod_template.shm_size
     if spec.procs_per_node is not None:
         procs = spec.procs_per_node
     elif profile is not None:

@@ -184,13 +184,16 @@ def test_trainer_command_is_ft_launcher_with_the_trainer_argv() -> None:
     assert "args" not in pod["spec"]["containers"][0]
 
 
-def test_a_cpu_job_without_gpus_gets_no_efa_nccl_or_shm_settings() -> None:
+def test_a_cpu_job_without_gpus_gets_no_efa_or_nccl_settings_and_a_default_shm() -> None:
+    """An instance type without a profile gets a 1Gi /dev/shm (the runtime's 64 MiB breaks
+    DataLoader workers); podTemplate.shmSize sets any size."""
     job = p5_job(instanceType="c7i.8xlarge", procsPerNode=2,
                  resources={"requests": {"cpu": "4", "memory": "8Gi"}}, env=[])
     pod = trainer_pod(job, node_index=1, attempt=0, settings=SETTINGS)
     env = env_of(pod)
     assert not {"FI_PROVIDER", "NCCL_NVLS_ENABLE", "FI_EFA_FORK_SAFE"} & set(env)
-    assert [v["name"] for v in pod["spec"]["volumes"]] == ["checkpoints"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["checkpoints", "dshm"]
+    assert pod["spec"]["volumes"][1]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
     assert "add" not in pod["spec"]["containers"][0]["securityContext"]["capabilities"]
     assert pod["spec"]["tolerations"] == [
         {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}

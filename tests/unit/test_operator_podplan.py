@@ -54,7 +54,7 @@ def test_an_instance_type_without_profile_uses_exactly_the_given_resources() -> 
     resolved = resolve_profile(spec)
     assert resolved.profile is None and resolved.procs_per_node == 1
     assert resolved.requests == {} and resolved.limits == {"nvidia.com/gpu": "8"}
-    assert resolved.node_selector == {} and resolved.shm_size is None
+    assert resolved.node_selector == {} and resolved.shm_size == "1Gi"
 
 
 def test_the_plan_of_a_p5_job_has_one_rank_per_gpu_and_every_device() -> None:

@@ -169,6 +169,7 @@ class ResilientTrainingJobSpec(ApiModel):
             _only_while_suspended("env"),
             _only_while_suspended_optional("resources"),
             _only_while_suspended_optional("podTemplate"),
+            _only_while_suspended_optional("rendezvousImage"),
             cel(
                 "!has(self.env) || !self.env.exists(e, e.name == 'TRAINER_FAULTS') || "
                 "(has(self.faultTolerance) && has(self.faultTolerance.faultInjection) && "
@@ -200,9 +201,8 @@ class ResilientTrainingJobSpec(ApiModel):
     nodes: int = Field(
         description=(
             "Number of nodes (one trainer pod per node, named `<job>-<index>`). May change only "
-            "while the job is suspended; on resume every pod starts at the new size. A new size "
-            "does not resume from the last checkpoint: checkpoints are per-rank shards, rejected "
-            "at another world size, so training starts again from step 0."
+            "while the job is suspended; on resume every pod starts at the new size and resumes "
+            "from the newest committed checkpoint, resharded for the new world size."
         ),
         ge=1,
         le=MAX_NODES,
@@ -235,15 +235,39 @@ class ResilientTrainingJobSpec(ApiModel):
             "key; required for instance types without a built-in profile."
         ),
     )
-    image: str = Field(description="Container image of the trainer.", min_length=1, max_length=1024)
+    image: str = Field(
+        description=(
+            "Container image of the trainer pods. It runs the launcher shim (`python -m "
+            "rtj_trainer.launcher`), so it needs the trainer package (`pip install` of the "
+            "wheel built from this repository) with nvidia-resiliency-ext 0.7.0 and torch; a "
+            "team's own code and packages beside it (docs/byo.md)."
+        ),
+        min_length=1, max_length=1024)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="When the kubelet pulls the image."
+    )
+    rendezvous_image: str | None = Field(
+        default=None,
+        description=(
+            "Image of the rendezvous pod, which runs NVRx's `nvrx-control` (needs "
+            "nvidia-resiliency-ext 0.7.0, nothing else of the trainer's). Default: `image`. Set "
+            "it when a team's own image is large or lacks NVRx's console scripts."
+        ),
+        min_length=1,
+        max_length=1024,
     )
     command: list[Argument] = Field(
         default_factory=lambda: ["python", "-m", "rtj_trainer"],
         description=(
             "Entrypoint argv of each worker process (never a shell string); ft_launcher runs it "
-            "procsPerNode times per pod."
+            "procsPerNode times per pod. Default: the built-in trainer. Any other command is a "
+            "team's own script: it gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT "
+            "and the RTJ_* variables (RTJ_CHECKPOINT_DIR among them); it must leave ports "
+            "RTJ_METRICS_PORT-1 and up and exit codes 93-95 alone; on its pod's end it gets "
+            "SIGTERM, then SIGKILL after the grace period (SIGUSR2 first, to checkpoint, when "
+            "it uses the trainer's library); it is watched for hangs when it sends NVRx "
+            "heartbeats (RankMonitorClient) or uses the trainer's library, which also reports "
+            "step, loss and goodput. Contract: docs/byo.md."
         ),
         min_length=1,
         max_length=64,
@@ -313,6 +337,11 @@ class ResilientTrainingJobSpec(ApiModel):
             raise ValueError("env TRAINER_FAULTS needs faultTolerance.faultInjection: Enabled")
         if self.fault_tolerance.spares and not self.in_process_restart_enabled:
             raise ValueError(SPARES_COMMAND_MESSAGE)
+        mounts = self.pod_template.volume_mounts if self.pod_template is not None else []
+        checkpoint_path = self.checkpoint.mount_path.rstrip("/")
+        if any(m.mount_path.rstrip("/") == checkpoint_path for m in mounts):
+            raise ValueError(f"podTemplate.volumeMounts: {checkpoint_path} is the checkpoint "
+                             "volume's mountPath")
         return self
 
     @property

@@ -200,9 +200,68 @@ class ContainerSecurityContext(ApiModel):
     )
 
 
+RESERVED_VOLUMES = ("checkpoints", "dshm")
+"""Volume names the operator gives the trainer pods itself (CHECKPOINT_VOLUME and SHM_VOLUME
+of rtj_operator.naming)."""
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class VolumeMount(ApiModel):
+    """A core/v1 VolumeMount of the trainer container."""
+
+    name: str = Field(
+        description="A volume of podTemplate.volumes, or `checkpoints` (the checkpoint volume).",
+        max_length=63,
+        pattern=DNS_LABEL,
+    )
+    mount_path: str = Field(
+        description="Where it is mounted; not /dev/shm (the operator's) nor the checkpoint "
+        "volume's mountPath.",
+        min_length=1,
+        max_length=1024,
+        pattern=r"^/",
+    )
+    sub_path: str | None = Field(
+        default=None, description="A path inside the volume to mount instead of its root.",
+        max_length=1024)
+    read_only: bool = Field(default=False, description="Mount read-only.")
+
+
+def _objects_named(field_name: str, *, reserved: tuple[str, ...] = ()) -> dict[str, str]:
+    """CEL: every object of the list has a unique DNS-label `name`, none of `reserved`."""
+    banned = "".join(f" && o.name != '{name}'" for name in reserved)
+    return cel(
+        f"!has(self.{field_name}) || (self.{field_name}.all(o, has(o.name) && "
+        f"o.name.matches('{DNS_LABEL}'){banned}) && self.{field_name}.all(o, "
+        f"self.{field_name}.exists_one(p, p.name == o.name)))",
+        f"{field_name}: every item needs a unique name (a DNS label"
+        + (f", not {' or '.join(reserved)}" if reserved else "") + ")",
+        field_path=f".{field_name}",
+    )
+
+
 class PodTemplate(ApiModel):
     """Overrides applied to every pod of the job (trainers and rendezvous), so that queueing
-    systems (Kueue, Volcano) and cluster policies can place the job."""
+    systems (Kueue, Volcano) and cluster policies can place the job, and what a team's own image
+    needs in its trainer pods (extra volumes, init containers, pull secrets, envFrom)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            _objects_named("volumes", reserved=RESERVED_VOLUMES),
+            _objects_named("initContainers"),
+            cel(
+                "!has(self.volumeMounts) || self.volumeMounts.all(m, m.name == 'checkpoints' || "
+                "(has(self.volumes) && self.volumes.exists(v, v.name == m.name)))",
+                "volumeMounts: each names a volume of podTemplate.volumes, or `checkpoints`",
+                field_path=".volumeMounts",
+            ),
+            cel(
+                "!has(self.volumeMounts) || self.volumeMounts.all(m, m.mountPath != '/dev/shm')",
+                "volumeMounts: /dev/shm is the operator's (size it with podTemplate.shmSize)",
+                field_path=".volumeMounts",
+            ),
+        )
+    )
 
     labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, description="Labels added to every pod.", max_length=64
@@ -281,3 +340,76 @@ class PodTemplate(ApiModel):
             "API; default false)."
         ),
     )
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description=(
+            "Extra volumes of the trainer pods (core/v1 Volume: a dataset's claim, a Hugging "
+            "Face cache, a ConfigMap, an emptyDir shared with an init container); names other "
+            "than `checkpoints` and `dshm`. Mount them with volumeMounts."
+        ),
+        max_length=32,
+        json_schema_extra={"items": {"type": "object",
+                                     "x-kubernetes-preserve-unknown-fields": True}},
+    )
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list,
+        description="Extra mounts of the trainer container.",
+        max_length=32,
+    )
+    init_containers: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description=(
+            "Init containers of the trainer pods (core/v1 Container), run before the trainer "
+            "in every pod (and again in a replacement pod): for example a download of a model "
+            "or dataset into a volume of podTemplate.volumes. Their securityContext gets the "
+            "same defaults as the trainer's."
+        ),
+        max_length=8,
+        json_schema_extra={"items": {"type": "object",
+                                     "x-kubernetes-preserve-unknown-fields": True}},
+    )
+    image_pull_secrets: list[Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN)]] = (
+        Field(default_factory=list,
+              description="Secrets (names) the kubelet pulls every pod's images with.",
+              max_length=16))
+    env_from: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description=(
+            "Sources of the trainer container's environment (core/v1 EnvFromSource: a "
+            "ConfigMap or Secret; spec.env and the operator's variables win over them)."
+        ),
+        max_length=16,
+        json_schema_extra={"items": {"type": "object",
+                                     "x-kubernetes-preserve-unknown-fields": True}},
+    )
+    working_dir: str | None = Field(
+        default=None, description="The trainer container's working directory.",
+        max_length=1024, pattern=r"^/")
+    shm_size: Quantity | None = Field(
+        default=None,
+        description=(
+            "Size of the trainer pods' memory-backed /dev/shm (NCCL, DataLoader workers). "
+            "Default: the instance profile's, or 1Gi for an instance type without one."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _named_volumes(self) -> Self:
+        names = [v.get("name") for v in self.volumes]
+        for name in names:
+            if not isinstance(name, str) or name in RESERVED_VOLUMES or names.count(name) > 1:
+                raise ValueError(f"podTemplate.volumes: every volume needs a unique name, not "
+                                 f"{' or '.join(RESERVED_VOLUMES)} (got {name!r})")
+        for mount in self.volume_mounts:
+            if mount.name != "checkpoints" and mount.name not in names:
+                raise ValueError(f"podTemplate.volumeMounts: {mount.name!r} is not a volume of "
+                                 "podTemplate.volumes (nor `checkpoints`)")
+            if mount.mount_path.rstrip("/") == "/dev/shm":
+                raise ValueError("podTemplate.volumeMounts: /dev/shm is the operator's (size it "
+                                 "with podTemplate.shmSize)")
+        containers = [c.get("name") for c in self.init_containers]
+        for name in containers:
+            if not isinstance(name, str) or containers.count(name) > 1:
+                raise ValueError(f"podTemplate.initContainers: every container needs a unique "
+                                 f"name (got {name!r})")
+        return self
