@@ -72,11 +72,11 @@ def test_the_config_takes_the_models_shape_from_its_directory(tmp_path: Path) ->
     cfg = config_for(write_config(tmp_path))
     assert (cfg.model.vocab_size, cfg.model.num_layers, cfg.model.d_model,
             cfg.model.num_heads) == (300, 2, 64, 4)
-    with pytest.raises(ConfigError, match="model.hf_path: cannot read"):
+    with pytest.raises(ConfigError, match=r"model\.hf_path: cannot read"):
         config_for(tmp_path / "missing")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(ConfigError, match="model.hf_path: .* lacks a causal LM's shape"):
+    with pytest.raises(ConfigError, match=r"model\.hf_path: .* lacks a causal LM.s shape"):
         config_for(tmp_path / "bad")
 
 
