@@ -1,9 +1,9 @@
-"""train_fsdp2.py with the trainer's library (docs/byo.md, path 2): the lines marked `# rtj`
-replace its four NVRx lines. The library sends the NVRx heartbeats, checkpoints the model and the
-optimizer (async, committed atomically), resumes from the newest commit after any restart,
-commits a checkpoint of the current step before its pod stops, and reports step, loss and
-goodput to the operator (`kubectl get rtj`). tests/unit/test_byo_examples.py counts the lines it
-adds.
+"""train_fsdp2.py with the trainer's library (docs/byo.md, path 2): the lines marked `# rtj` replace
+its four NVRx lines and its loop header (which starts after the resumed step). The library sends the
+NVRx heartbeats, checkpoints the model and the optimizer (async, committed atomically), resumes from
+the newest commit after any restart, commits a checkpoint of the current step before its pod stops,
+and reports step, loss and goodput to the operator (`kubectl get rtj`).
+tests/unit/test_byo_examples.py counts the lines it adds.
 
     ft_launcher --nproc-per-node=2 examples/byo/train_fsdp2_rtj.py --steps 50
 """

@@ -9,11 +9,12 @@ batch for (step, rank) is recomputed from a counter-based seed. Three sources:
 - `memmap`: a flat token file (`data.dtype` uint16, or uint32 for vocabularies above 65,536; e.g.
   on the FSx mount); each sequence starts at an offset drawn from the same counter-based seed.
 - `hf`: a Hugging Face `datasets` directory (`save_to_disk`) with an `input_ids` column: its
-  documents are concatenated in order and packed into blocks of `seq_len + 1` tokens (the tail
-  that fills no block is dropped); the blocks are visited in a permutation per epoch drawn from
-  the seed, the global batch of each step taking the next `world_size x batch_size` of them, so
-  step `s` of rank `r` always reads the same blocks and a resume continues exactly where the
-  last checkpoint left. The tokens are read into memory once (4 or 8 bytes a token).
+  documents are concatenated in order and packed into blocks of `seq_len + 1` tokens (the tail that
+  fills no block is dropped); the blocks are visited in a permutation per epoch drawn from the seed,
+  the global batch of each step taking the next `world_size x batch_size` of them, so step `s` of
+  rank `r` always reads the same blocks and a resume continues exactly where the last checkpoint
+  left (the checkpoint keeps how many blocks were read, `consumed`: a resume at another world size
+  goes on with the next block). The tokens are read into memory once (4 or 8 bytes a token).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class TokenBatches:
         self.world_size = world_size
         self._tokens: np.ndarray[Any, Any] | None = None
         self._blocks = 0
+        self._origin = (0, 0)
+        """(step, blocks of the stream consumed after it): where this attempt's steps count
+        from (`resume`)."""
         if cfg.kind == "memmap":
             assert cfg.path is not None
             self._tokens = np.memmap(Path(cfg.path), dtype=np.dtype(cfg.dtype), mode="r")
@@ -72,7 +76,8 @@ class TokenBatches:
         rows, width = self.cfg.batch_size, self.seq_len + 1
         if self.cfg.kind == "hf":
             assert self._tokens is not None
-            first = ((step - 1) * self.world_size + rank) * rows
+            first = (self._origin[1]
+                     + ((step - self._origin[0] - 1) * self.world_size + rank) * rows)
             blocks = [self._block(index) for index in range(first, first + rows)]
             tokens = np.stack([self._tokens[b * width:(b + 1) * width] for b in blocks])
             tokens = tokens.astype(np.int64) % self.vocab_size
@@ -85,6 +90,18 @@ class TokenBatches:
             tokens = np.stack([self._tokens[o : o + width] for o in offsets]).astype(np.int64)
             tokens %= self.vocab_size
         return torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))
+
+    def consumed(self, step: int) -> int:
+        """Blocks of the stream the whole job has read once `step` is done (kind=hf): what a
+        checkpoint keeps, so that a resume at another world size goes on with the next block."""
+        return self._origin[1] + (step - self._origin[0]) * self.world_size * self.cfg.batch_size
+
+    def resume(self, step: int, consumed: int | None) -> None:
+        """Go on after `step`, when `consumed` blocks were read (None: a checkpoint that did not
+        record it, written at this world size)."""
+        if consumed is None:
+            consumed = step * self.world_size * self.cfg.batch_size
+        self._origin = (step, consumed)
 
     def _block(self, index: int) -> int:
         """The block at position `index` of the stream: epoch `index // blocks`, visited in that

@@ -77,7 +77,7 @@ def register(env: dict[str, str] | None = None) -> bool:
     it registered (False outside the shim, or where the directory is gone)."""
     source = os.environ if env is None else env
     directory, local_rank = source.get(STOP_SIGNAL_DIR, ""), source.get("LOCAL_RANK", "")
-    if not directory or not local_rank.isdigit():
+    if not directory or not (local_rank.isascii() and local_rank.isdecimal()):
         return False
     try:
         with open(os.path.join(directory, f"local-rank-{int(local_rank)}"), "w") as marker:
@@ -93,8 +93,12 @@ def registered_local_ranks(directory: str) -> set[int]:
         names = os.listdir(directory)
     except OSError:
         return set()
-    return {int(name.removeprefix("local-rank-")) for name in names
-            if name.startswith("local-rank-") and name.removeprefix("local-rank-").isdigit()}
+    found = set()
+    for name in names:
+        number = name.removeprefix("local-rank-")
+        if name.startswith("local-rank-") and number.isascii() and number.isdecimal():
+            found.add(int(number))
+    return found
 
 
 def stop_exit_code(asked: bool) -> int:

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 STEP = "step"
 """The last completed step."""
 DATA = "data"
-"""Where the data stream stands: `{NEXT_STEP: ..., FINGERPRINT: ...}`."""
+"""Where the data stream stands: `{NEXT_STEP: ..., FINGERPRINT: ..., CONSUMED: ...}`."""
 RNG = "rng"
 MONITOR = "monitor"
 """The NVRx rank monitor's state (learned timeouts)."""
@@ -58,6 +58,8 @@ HF_CONFIG = "hf_config"
 complete Hugging Face directory (rtj_trainer.export)."""
 NEXT_STEP = "next_step"
 FINGERPRINT = "fingerprint"
+CONSUMED = "consumed"
+"""Blocks of a kind=hf stream read by the whole job (TokenBatches.consumed)."""
 LOSSES_FILE = "losses.jsonl"
 _FROM = {"local": " from the node-local copies", "memory": " from the staging copy in memory",
          "resharded": " written at another world size, resharded",
@@ -221,7 +223,8 @@ class Trainer:
         state.update({
             STEP: self.current_step,
             RNG: rng,
-            DATA: {NEXT_STEP: self.current_step + 1, FINGERPRINT: self.data.fingerprint()},
+            DATA: {NEXT_STEP: self.current_step + 1, FINGERPRINT: self.data.fingerprint(),
+                   CONSUMED: self.data.consumed(self.current_step)},
             MONITOR: self.session.monitor_state(),
             PRODUCTIVE_SECONDS: self.productive_seconds,
             STEP_COMPLETED_AT: completed_at,
@@ -265,6 +268,7 @@ class Trainer:
         parallel.set_rng_state(state[RNG], self.ctx.device)
         self.session.load_monitor_state(state[MONITOR])
         self.current_step = int(state[STEP])
+        self.data.resume(self.current_step, state[DATA].get(CONSUMED))
         self.productive_seconds = float(state[PRODUCTIVE_SECONDS])
         self.loss = float(state.get(LOSS, float("nan")))  # checkpoints before 2026-12-04: none
 

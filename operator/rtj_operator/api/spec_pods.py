@@ -5,6 +5,7 @@ and the security contexts of the pod and its containers).
 
 from __future__ import annotations
 
+import copy
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
@@ -204,6 +205,12 @@ RESERVED_VOLUMES = ("checkpoints", "dshm")
 """Volume names the operator gives the trainer pods itself (CHECKPOINT_VOLUME and SHM_VOLUME
 of rtj_operator.naming)."""
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+NAMED_OBJECT: dict[str, Any] = {"type": "object", "required": ["name"],
+                "properties": {"name": {"type": "string", "maxLength": 63,
+                                        "description": "Its name, unique in its list."}},
+                "x-kubernetes-preserve-unknown-fields": True}
+"""The schema of a core/v1 object kept whole (a Volume, a Container) whose `name` the CEL rules
+read."""
 
 
 class VolumeMount(ApiModel):
@@ -231,7 +238,7 @@ def _objects_named(field_name: str, *, reserved: tuple[str, ...] = ()) -> dict[s
     """CEL: every object of the list has a unique DNS-label `name`, none of `reserved`."""
     banned = "".join(f" && o.name != '{name}'" for name in reserved)
     return cel(
-        f"!has(self.{field_name}) || (self.{field_name}.all(o, has(o.name) && "
+        f"!has(self.{field_name}) || (self.{field_name}.all(o, "
         f"o.name.matches('{DNS_LABEL}'){banned}) && self.{field_name}.all(o, "
         f"self.{field_name}.exists_one(p, p.name == o.name)))",
         f"{field_name}: every item needs a unique name (a DNS label"
@@ -348,8 +355,7 @@ class PodTemplate(ApiModel):
             "than `checkpoints` and `dshm`. Mount them with volumeMounts."
         ),
         max_length=32,
-        json_schema_extra={"items": {"type": "object",
-                                     "x-kubernetes-preserve-unknown-fields": True}},
+        json_schema_extra={"items": copy.deepcopy(NAMED_OBJECT)},
     )
     volume_mounts: list[VolumeMount] = Field(
         default_factory=list,
@@ -365,8 +371,7 @@ class PodTemplate(ApiModel):
             "same defaults as the trainer's."
         ),
         max_length=8,
-        json_schema_extra={"items": {"type": "object",
-                                     "x-kubernetes-preserve-unknown-fields": True}},
+        json_schema_extra={"items": copy.deepcopy(NAMED_OBJECT)},
     )
     image_pull_secrets: list[Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN)]] = (
         Field(default_factory=list,

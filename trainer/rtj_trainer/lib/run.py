@@ -111,8 +111,11 @@ class Run:
         identity = _agree_on_identity(job, self.launch.launcher_restart_count)
         root = Path(checkpoint.dir)
         root.mkdir(parents=True, exist_ok=True)
+        # With no state to save, no writer process is started (interval 0).
         self.checkpointer = Checkpointer(
-            checkpoint, root=root, rank=self.rank, world_size=self.world_size,
+            checkpoint if state is not None else checkpoint.model_copy(
+                update={"interval_steps": 0}),
+            root=root, rank=self.rank, world_size=self.world_size,
             device=self.device, identity=identity,
             job=job_identity(job.namespace, job.name), accepted_jobs=checkpoint.resume_from_jobs,
             keepalive=self.heartbeat, carry=CarryOver())
