@@ -156,21 +156,20 @@ def test_hf_directory_that_is_not_a_dataset_is_refused_naming_data_path(tmp_path
         _batches(str(tmp_path / "missing"))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product bug: data.kind=hf positions the block stream at (step - 1) x world_size x "
-    "batch_size with the CURRENT world size (rtj_trainer/data.py TokenBatches.batch), and the "
-    "checkpoint records only the next step (trainer.py _whole_state); a resume resharded to "
-    "another world size (now supported) re-reads or skips blocks"))
 def test_hf_resume_at_another_world_size_continues_with_the_blocks_not_read_yet(
         hf_dir: str) -> None:
     """Two steps at world size 2 read blocks at stream positions 0-7; the job, resumed at world
-    size 1 from the checkpoint of step 2, should go on with positions 8-9, not read again
-    blocks it trained on already."""
+    size 1 from the checkpoint of step 2 (which keeps `consumed`, 8 blocks), goes on with
+    positions 8-9, not reading again blocks it trained on already (found by this test: the
+    stream was positioned with the current world size)."""
     before = _batches(hf_dir, world_size=2)
     read = set(_step_blocks(before, 1, 2)) | set(_step_blocks(before, 2, 2))
+    assert before.consumed(2) == 8
     after = _batches(hf_dir, world_size=1)
     assert before.fingerprint() == after.fingerprint()  # the resume is not refused
+    after.resume(2, before.consumed(2))
     assert not set(_step_blocks(after, 3, 1)) & read
+    assert _step_blocks(after, 3, 1) == [after._block(8), after._block(9)]
 
 
 def test_memmap_uint32_tokens_above_65535_come_back_intact(tmp_path: Path) -> None:

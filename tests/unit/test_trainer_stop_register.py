@@ -59,12 +59,9 @@ def test_register_returns_false_outside_the_shim_or_with_a_bad_local_rank(
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "product bug (minor): trainer/rtj_trainer/stop.py:80 accepts LOCAL_RANK by str.isdigit(), "
-    "which is True for digits int() rejects (superscripts such as '²'); register() then "
-    "raises ValueError instead of returning False"))
 def test_register_returns_false_for_a_local_rank_int_cannot_read(tmp_path: Path) -> None:
-    """A LOCAL_RANK of Unicode digits that are not decimal ('²') is no local rank either."""
+    """A LOCAL_RANK of Unicode digits that are not decimal ('²') is no local rank either (found
+    by this test: str.isdigit() let them through to int())."""
     assert register(env={STOP_SIGNAL_DIR: str(tmp_path), "LOCAL_RANK": "²"}) is False
 
 
@@ -81,13 +78,9 @@ def test_registered_local_ranks_lists_the_registered_workers_and_nothing_else(
     assert registered_local_ranks(str(tmp_path / "missing")) == set()
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "product bug (minor): trainer/rtj_trainer/stop.py:96-97 filters names by str.isdigit() "
-    "and then calls int(); a file `local-rank-²` in RTJ_STOP_SIGNAL_DIR makes "
-    "registered_local_ranks raise ValueError, and with it the launcher's patched _shutdown "
-    "(nvrx/launcher.py `stoppable()`), before any worker is signalled"))
 def test_registered_local_ranks_ignores_a_name_int_cannot_read(tmp_path: Path) -> None:
-    """A stray `local-rank-²` is another file to ignore, like `local-rank-x`."""
+    """A stray `local-rank-²` is another file to ignore, like `local-rank-x` (before the fix it
+    made the launcher's shutdown raise before any worker was signalled)."""
     (tmp_path / "local-rank-1").write_text("")
     (tmp_path / "local-rank-²").write_text("")
     assert registered_local_ranks(str(tmp_path)) == {1}
