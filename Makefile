@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 KUEUE ?=
 
 .PHONY: help install testbin test test-unit test-integration test-e2e test-long lint crds demo \
-        cluster-up cluster-down operator-up operator-down train-local bench helm-lint images
+        cluster-up cluster-down operator-up operator-down train-local bench helm-lint images wheel
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -69,6 +69,9 @@ train-local: install ## tiny CPU trainer, 2 ranks under ft_launcher, no Kubernet
 helm-lint: testbin ## lint the Helm chart with default values and with every optional part on
 	$$(bash hack/build-testbin.sh)/helm lint --strict charts/rtj-operator
 	$$(bash hack/build-testbin.sh)/helm lint --strict charts/rtj-operator --set rbac.clusterScoped=false,metrics.serviceMonitor.enabled=true
+
+wheel: install ## dist/*.whl: the trainer package (rtj_trainer, rtj_trainer.lib, rtj_wire) for a team's own image (docs/byo.md)
+	$(PY) -m pip wheel --no-deps --no-build-isolation -w dist .
 
 images: ## build both images (needs Docker with BuildKit; not run in CI: no Docker engine here)
 	docker buildx build --target operator -t rtj-operator:0.1.0 .

@@ -141,12 +141,15 @@ def test_the_built_in_trainer_on_a_hugging_face_llama_and_dataset(
     """The models claim of the example is a host directory here (the harness's pods are local
     processes): podTemplate.volumes still carries a volume and its mount into the pod spec."""
     name = "byo-hf-llama"
-    _tiny_llama(tmp_path)
+    # Where the pods (other users' processes here) can read them: the harness's shared directory.
+    models = cluster.shared_dir / f"models-{namespace}"
+    models.mkdir(mode=0o755)
+    _tiny_llama(models)
     body = manifest("byo-hf-llama.yaml", name, args=[
         "--preset", "tiny", "--set", "train.device=cpu", "--set", "train.steps=60",
         "--set", "train.min_step_seconds=0.3",
-        "--set", f"model.hf_path={tmp_path / 'llama'}", "--set", "model.seq_len=32",
-        "--set", "data.kind=hf", "--set", f"data.path={tmp_path / 'data'}"])
+        "--set", f"model.hf_path={models / 'llama'}", "--set", "model.seq_len=32",
+        "--set", "data.kind=hf", "--set", f"data.path={models / 'data'}"])
     spec = body["spec"]
     spec["podTemplate"] = {"volumes": [{"name": "models", "emptyDir": {}}],
                            "volumeMounts": [{"name": "models", "mountPath": "/models"}]}
@@ -160,7 +163,7 @@ def test_the_built_in_trainer_on_a_hugging_face_llama_and_dataset(
         assert {"name": "models", "mountPath": "/models"} in \
             pod["spec"]["containers"][0]["volumeMounts"]
     (checkpoints,) = {m.parent.parent for m in cluster.shared_dir.glob(
-        f"{namespace}-*/**/{name}/step-*/manifest.json")}
+        f"*/**/{name}/step-*/manifest.json")}
     export = subprocess.run([PYTHON, "-m", "rtj_trainer.export", str(checkpoints), "--out",
                              str(tmp_path / "export")], capture_output=True, text=True)
     assert export.returncode == 0, export.stderr

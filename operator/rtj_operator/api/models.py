@@ -180,6 +180,13 @@ class ResilientTrainingJobSpec(ApiModel):
             *(_nested_only_while_suspended(parent, name, other)
               for parent, name, other in POD_READ_SETTINGS),
             cel(
+                "!has(self.podTemplate) || !has(self.podTemplate.volumeMounts) || "
+                "!has(self.checkpoint.mountPath) || self.podTemplate.volumeMounts.all(m, "
+                "m.mountPath != self.checkpoint.mountPath)",
+                "podTemplate.volumeMounts: the checkpoint volume's mountPath is taken",
+                field_path=".podTemplate.volumeMounts",
+            ),
+            cel(
                 "!has(self.faultTolerance) || !has(self.faultTolerance.spares) || "
                 "self.faultTolerance.spares == 0 || (has(self.faultTolerance.inProcessRestart) "
                 "&& self.faultTolerance.inProcessRestart == 'Enabled') || "
