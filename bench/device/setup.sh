@@ -14,7 +14,7 @@
 # staging buffers live.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || return 1
-export PYTHONPATH=/tmp/site:$PWD/trainer:$PWD/operator:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD/trainer:$PWD/operator:$PWD/wire:$PWD PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p /tmp/rtj-venv/bin
 cat > /tmp/rtj-venv/bin/python <<PY

@@ -138,21 +138,21 @@ Dataset.from_dict({{"input_ids": docs}}).save_to_disk({str(directory / 'data')!r
 
 def test_the_built_in_trainer_on_a_hugging_face_llama_and_dataset(
         cluster: Cluster, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
-    """The models claim of the example is a host directory here (the harness's pods are local
-    processes): podTemplate.volumes still carries a volume and its mount into the pod spec."""
+    """The example's models claim is a hostPath volume here, mounted at /models through
+    podTemplate.volumes and volumeMounts: the pods see the model and the dataset only there."""
     name = "byo-hf-llama"
-    # Where the pods (other users' processes here) can read them: the harness's shared directory.
     models = cluster.shared_dir / f"models-{namespace}"
     models.mkdir(mode=0o755)
     _tiny_llama(models)
     body = manifest("byo-hf-llama.yaml", name, args=[
         "--preset", "tiny", "--set", "train.device=cpu", "--set", "train.steps=60",
         "--set", "train.min_step_seconds=0.3",
-        "--set", f"model.hf_path={models / 'llama'}", "--set", "model.seq_len=32",
-        "--set", "data.kind=hf", "--set", f"data.path={models / 'data'}"])
+        "--set", "model.hf_path=/models/llama", "--set", "model.seq_len=32",
+        "--set", "data.kind=hf", "--set", "data.path=/models/data"])
     spec = body["spec"]
-    spec["podTemplate"] = {"volumes": [{"name": "models", "emptyDir": {}}],
-                           "volumeMounts": [{"name": "models", "mountPath": "/models"}]}
+    spec["podTemplate"] = {
+        "volumes": [{"name": "models", "hostPath": {"path": str(models), "type": "Directory"}}],
+        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}]}
     done = run_through_a_pod_kill(
         cluster, namespace, name, body, operator,
         kill_when=lambda s: (s.get("lastCheckpoint") or {}).get("step", 0) >= 20)
@@ -160,7 +160,7 @@ def test_the_built_in_trainer_on_a_hugging_face_llama_and_dataset(
     pod = json.loads(cluster.kubectl("get", "pod", f"{name}-0", "-n", namespace, "-o",
                                      "json", check=False).stdout or "{}")
     if pod:  # still there unless cleaned up already
-        assert {"name": "models", "mountPath": "/models"} in \
+        assert {"name": "models", "mountPath": "/models", "readOnly": True} in \
             pod["spec"]["containers"][0]["volumeMounts"]
     (checkpoints,) = {m.parent.parent for m in cluster.shared_dir.glob(
         f"*/**/{name}/step-*/manifest.json")}
