@@ -1,7 +1,7 @@
-"""The heartbeats of a script that sends NVRx heartbeats and serves no metrics page, on their way
-to the operator: each rank monitor writes what it receives to a small file (rtj_trainer.nvrx
-.launcher patch 8: `export_rank_monitor_state`, `_StateFile`, `read_monitor_state`), the pod
-endpoint lists such a rank from it (`PodRanks(monitor=...)`, `"source": "nvrx"`), and the
+"""The heartbeats of a script that sends NVRx heartbeats and serves no metrics page, on their way to
+the operator: each rank monitor writes what it receives to a small file
+(rtj_trainer.nvrx.monitorstate: `export_rank_monitor_state`, `_StateFile`, `read_monitor_state`),
+the pod endpoint lists such a rank from it (`PodRanks(monitor=...)`, `"source": "nvrx"`), and the
 operator reads the document back (`rtj_operator.scraping.node_liveness_from_json`)."""
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from prometheus_client.exposition import generate_latest
 from rtj_operator.scraping import node_liveness_from_json
 from rtj_trainer.launcher.podmetrics import PodRanks
 from rtj_trainer.metrics import Snapshot, TrainerMetrics
-from rtj_trainer.nvrx import launcher
-from rtj_trainer.nvrx.launcher import (
+from rtj_trainer.nvrx import monitorstate as launcher
+from rtj_trainer.nvrx.monitorstate import (
     MONITOR_STATE_BYTES,
     MONITOR_STATE_DIR_ENV,
     MonitorState,

@@ -53,6 +53,8 @@ Each rule has its own module; `decide` below is the one place that states their 
   completion, create);
 - `podfaults.py`: rule 7, finding the faults of the pods (failed, vanished, deleted, evicted,
   on a lost node, not starting; the rendezvous pod lost), then the hangs;
+- `clocks.py`: what the hang rules and the pod faults share: a pod's scraped readings and the
+  clocks its timeouts count from;
 - `hangs.py`: rule 7, the ranks from the pods and the scrapes, and the hangs in them (heartbeat
   and progress timeouts, degraded observation);
 - `recovery.py`: rule 7, recovering (budgets, rank restart, full restart) and failing the job;

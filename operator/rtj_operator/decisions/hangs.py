@@ -4,12 +4,12 @@
 the workers inside the pod first), or a job whose slowest step did not advance for
 `progressTimeoutSeconds` although every rank sends heartbeats (`hang_faults`).
 
-The heartbeat timeout counts per pod (`_pod_clock`): from the latest of the pod's own start, the
+The heartbeat timeout counts per pod (`pod_clock`): from the latest of the pod's own start, the
 start of every other training pod that runs, the rendezvous pod's start and the last recovery;
 so a pod that is Terminating, being replaced or on a lost node does not switch hang detection off
 for the others. Only a pod still Pending within `podStartTimeoutSeconds` holds the others'
 heartbeat timeouts (their launchers wait for it in the rendezvous), and that deadline bounds the
-wait (`_starting_peer`). The job-wide progress timeout (`_clock_start`) still needs every active
+wait (`starting_peer`). The job-wide progress timeout (`clock_start`) still needs every active
 pod and the rendezvous pod Running: the slowest step means nothing while a pod is missing.
 
 A hang is declared only on evidence (`silence`, `hang_faults`):
@@ -44,165 +44,25 @@ from datetime import datetime, timedelta
 
 from rtj_operator import naming
 from rtj_operator.api.vocabulary import IncidentCause, RankState
-from rtj_operator.decisions.state import DetectedFault, Pass, from_unix, iso
+from rtj_operator.decisions.clocks import (
+    clock_start,
+    completed_step,
+    finishing,
+    fresh,
+    node_heartbeat,
+    node_liveness,
+    not_reporting,
+    oldest_heartbeat,
+    pod_clock,
+    read_moment,
+    starting_peer,
+)
+from rtj_operator.decisions.state import DetectedFault, Pass, iso
 from rtj_operator.observed import NodeLiveness
 
-
-def oldest_heartbeat(node: NodeLiveness, *, listed_only: bool = False) -> float | None:
-    """The oldest heartbeat (Unix time) of the pod's ranks, when every rank answered with one
-    (`listed_only`, a team's own script: every rank the pod lists, when it lists any)."""
-    beats = [s.heartbeat for s in node.samples if s.heartbeat is not None]
-    if listed_only:
-        return min(beats) if node.samples and len(beats) == len(node.samples) else None
-    if not node.complete or len(beats) != node.expected_ranks:
-        return None
-    return min(beats)
-
-
-def not_reporting(p: Pass, index: int) -> bool:
-    """The pod's workers report nothing: a team's own script (not the built-in trainer) whose pod
-    answers with no rank listed (none serves a metrics page, none connected to its NVRx rank
-    monitor). Such a pod is supervised as processes only (exits, lost pods): it is never
-    declared hung or stale, and the job's `HangDetection` condition says so (docs/byo.md)."""
-    if p.spec.runs_builtin_trainer:
-        return False
-    node = _node_liveness(p, index)
-    return node is not None and not node.samples
-
-
-def completed_step(node: NodeLiveness) -> int | None:
-    """The step every rank of the pod has completed, when every rank answered."""
-    steps = [s.step for s in node.samples if s.step is not None]
-    if not node.complete or len(steps) != node.expected_ranks:
-        return None
-    return min(steps)
-
-
-def node_heartbeat(p: Pass, index: int) -> datetime | None:
-    """The node's newest known heartbeat: scraped now, else what status remembers."""
-    node = p.liveness.get(index)
-    pod = p.observed.trainer_pods.get(index)
-    if node is not None and pod is not None and node.pod_uid == pod.uid:
-        beat = oldest_heartbeat(node, listed_only=not p.spec.runs_builtin_trainer)
-        if beat is not None:
-            return from_unix(beat)
-    previous = p.prev_ranks.get(index)
-    if previous is not None and pod is not None and previous.attempt == pod.attempt:
-        return previous.last_heartbeat_time
-    return None
-
-
-def _node_liveness(p: Pass, index: int) -> NodeLiveness | None:
-    node = p.liveness.get(index)
-    pod = p.observed.trainer_pods.get(index)
-    if node is None or pod is None or node.pod_uid != pod.uid:
-        return None
-    return node
-
-
-def finishing(p: Pass, index: int) -> bool:
-    """The pod runs, but its launcher reports that every local worker exited 0: its training is
-    done and the launcher waits in torchelastic's exit barrier for the others (5 s in a job
-    with spares). Its heartbeats stopped for that reason: it is neither hung nor stale."""
-    pod = p.observed.trainer_pods.get(index)
-    node = _node_liveness(p, index)
-    return (pod is not None and pod.phase == "Running" and not pod.deleting
-            and node is not None and node.finished)
-
-
-def _read_moment(p: Pass, index: int) -> datetime:
-    """When what the pass knows of the pod's heartbeat was read: its liveness read's own time
-    (a pass may reuse a read from a moment ago), else the pass's clock. A heartbeat's age is
-    measured at its read: an old read never makes a heartbeat look staler than it was."""
-    node = _node_liveness(p, index)
-    if node is not None and node.read_time is not None:
-        return from_unix(node.read_time)
-    return p.now
-
-
-def _fresh(p: Pass, index: int, beat: datetime) -> bool:
-    """Whether heartbeat `beat` of the pod was younger than heartbeatTimeoutSeconds when it was
-    read."""
-    limit = timedelta(seconds=p.spec.fault_tolerance.heartbeat_timeout_seconds)
-    return _read_moment(p, index) - beat <= limit
-
-
-def _pod_clock(p: Pass, index: int) -> datetime | None:
-    """When the pod's heartbeat timeout starts counting: the latest of its own (re)start, the
-    start of every other training pod that runs (its workers wait for theirs), the rendezvous
-    pod's start and the last recovery. None while the pod or the rendezvous pod is not
-    running: a pod that is not running has no heartbeats to miss."""
-    pod = p.observed.trainer_pods.get(index)
-    rendezvous = p.observed.rendezvous_pod
-    if pod is None or pod.phase != "Running" or pod.deleting:
-        return None
-    if rendezvous is None or rendezvous.phase != "Running" or rendezvous.deleting:
-        return None
-    moments = [m for m in (_shared_clock(p), pod.started_at) if m is not None]
-    if not p.spec.runs_builtin_trainer:
-        # A script's rank monitor times a worker from its connection (its initial heartbeat
-        # timeout applies until its first heartbeat): so does the operator.
-        node = _node_liveness(p, index)
-        moments += [from_unix(s.connected_time) for s in (node.samples if node else ())
-                    if s.connected_time]
-    return max(moments) if moments else None
-
-
-def _shared_clock(p: Pass) -> datetime | None:
-    """The part of every pod's clock that does not depend on the pod: the latest start of the
-    training (not standby) pods that run, the rendezvous pod's start and the last recovery.
-    Computed once per pass (`_pod_clock` runs for every pod, several times): again only when
-    the standby pods or the incidents changed since."""
-    key = (len(p.standby), len(p.incidents))
-    if p.shared_clock is not None and p.shared_clock[0] == key:
-        return p.shared_clock[1]
-    starts = [pod.started_at for i, pod in p.observed.trainer_pods.items()
-              if i not in p.standby and pod.phase == "Running" and not pod.deleting
-              and pod.started_at is not None]
-    rendezvous = p.observed.rendezvous_pod
-    if rendezvous is not None and rendezvous.started_at is not None:
-        starts.append(rendezvous.started_at)
-    acted = [i.acted_time for i in p.incidents if i.acted_time is not None]
-    moments = starts + acted
-    clock = max(moments) if moments else None
-    p.shared_clock = (key, clock)
-    return clock
-
-
-def _starting_peer(p: Pass) -> int | None:
-    """An active pod that is Pending within podStartTimeoutSeconds of its creation, if any.
-    Every launcher waits for it in the rendezvous, so the others send no heartbeats meanwhile:
-    their heartbeat timeouts wait, for at most podStartTimeoutSeconds (then the Pending pod is
-    a `PodStartTimeout` fault). A pod Terminating or on a lost node holds no clock."""
-    timeout = timedelta(seconds=p.spec.fault_tolerance.pod_start_timeout_seconds)
-    for index in p.active():
-        pod = p.observed.trainer_pods.get(index)
-        if (pod is not None and pod.phase == "Pending" and not pod.deleting
-                and pod.uid not in p.lost
-                and (pod.created_at is None or p.now - pod.created_at <= timeout)):
-            return index
-    return None
-
-
-def _clock_start(p: Pass) -> datetime | None:
-    """When every trainer pod was last (re)started or the last recovery began: the reference
-    from which the job-wide progress timeout counts. None while some active pod or the
-    rendezvous pod is not running (the job's slowest step means nothing then); heartbeat
-    timeouts count per pod instead (`_pod_clock`)."""
-    # Standby pods (warm spares, replacements waiting for a round) train nothing: one that is
-    # pending or restarting does not stop the clocks of the pods that do.
-    pods = {i: pod for i, pod in p.observed.trainer_pods.items() if i not in p.standby}
-    if any(i not in pods for i in p.active()) or any(
-        pod.phase != "Running" or pod.deleting for pod in pods.values()
-    ):
-        return None
-    rendezvous = p.observed.rendezvous_pod
-    if rendezvous is None or rendezvous.phase != "Running" or rendezvous.deleting:
-        return None
-    starts = [pod.started_at for pod in pods.values() if pod.started_at is not None]
-    acted = [i.acted_time for i in p.incidents if i.acted_time is not None]
-    moments = starts + acted
-    return max(moments) if moments else None
+__all__ = ["completed_step", "degraded_observation", "finishing", "hang_faults",
+           "heartbeat_deadlines", "mark_unresponsive", "node_heartbeat", "not_reporting",
+           "observe_ranks", "oldest_heartbeat", "silence"]
 
 
 def _standby(p: Pass, index: int, node: NodeLiveness | None) -> bool:
@@ -230,7 +90,7 @@ def observe_ranks(p: Pass) -> None:
                 p.standby.add(index)  # its replacement is about to be created
             p.rank(index, pod=None, node=None)
             continue
-        node = _node_liveness(p, index)
+        node = node_liveness(p, index)
         beat = node_heartbeat(p, index)
         step = completed_step(node) if node is not None else None
         previous = p.prev_ranks.get(index)
@@ -252,13 +112,13 @@ def observe_ranks(p: Pass) -> None:
         p.rank(index, pod=pod.name, node=pod.node_name, attempt=pod.attempt,
                last_heartbeat_time=beat, step=step, state=state, unresponsive_since=None)
     for index in p.active():
-        clock = _pod_clock(p, index)
+        clock = pod_clock(p, index)
         beat = p.ranks[index].last_heartbeat_time
-        if (clock is not None and beat is not None and beat >= clock and _fresh(p, index, beat)
+        if (clock is not None and beat is not None and beat >= clock and fresh(p, index, beat)
                 and p.ranks[index].state != RankState.SUCCEEDED):
             p.rank(index, state=RankState.RUNNING)
         pod = p.observed.trainer_pods.get(index)
-        if clock is not None and pod is not None and _node_liveness(p, index) is None:
+        if clock is not None and pod is not None and node_liveness(p, index) is None:
             p.unobserved_since[pod.uid] = p.memory.unobserved_since.get(pod.uid, p.now)
 
 
@@ -286,21 +146,21 @@ class Silence:
 
 def silence(p: Pass) -> Silence:
     """Sort the job's pods that could hang in this pass into silent and answering ones."""
-    starting = _starting_peer(p)
+    starting = starting_peer(p)
     silent: list[int] = []
     answering: list[int] = []
     stuck = False
     for index in p.active():
-        clock = _pod_clock(p, index)
+        clock = pod_clock(p, index)
         if (clock is None or (starting is not None and starting != index) or finishing(p, index)
                 or not_reporting(p, index)):
             continue  # not counting, held by a starting peer, done training, or never reports
-        if _node_liveness(p, index) is None:
+        if node_liveness(p, index) is None:
             silent.append(index)
             continue
         answering.append(index)
         beat = p.ranks[index].last_heartbeat_time
-        if beat is None or beat < clock or not _fresh(p, index, beat):
+        if beat is None or beat < clock or not fresh(p, index, beat):
             stuck = True
     outage = not answering or 2 * len(answering) < len(silent) + len(answering)
     return Silence(tuple(silent), tuple(answering), outage, stuck)
@@ -309,7 +169,7 @@ def silence(p: Pass) -> Silence:
 def _silent_for(p: Pass, index: int) -> timedelta:
     """How long the pod has been silent, counted from its clock at the earliest."""
     pod = p.observed.trainer_pods[index]
-    clock = _pod_clock(p, index)
+    clock = pod_clock(p, index)
     since = p.unobserved_since.get(pod.uid, p.now)
     if clock is not None and clock > since:
         since = clock
@@ -346,10 +206,10 @@ def mark_unresponsive(p: Pass) -> None:
     Unresponsive: could not observe is not a stale heartbeat."""
     ft = p.spec.fault_tolerance
     for index in silence(p).answering:
-        clock = _pod_clock(p, index)
+        clock = pod_clock(p, index)
         rank = p.ranks[index]
         beat = rank.last_heartbeat_time
-        if clock is None or beat is None or beat < clock or _fresh(p, index, beat):
+        if clock is None or beat is None or beat < clock or fresh(p, index, beat):
             continue
         previous = p.prev_ranks.get(index)
         ongoing = (previous is not None and previous.state == RankState.UNRESPONSIVE
@@ -389,13 +249,13 @@ def heartbeat_deadlines(p: Pass) -> dict[int, datetime]:
         if p.ranks[index].state not in (RankState.RUNNING, RankState.UNRESPONSIVE,
                                         RankState.STARTING):
             continue  # being replaced in this pass
-        clock = _pod_clock(p, index)
+        clock = pod_clock(p, index)
         if clock is None:
             continue
         beat = p.ranks[index].last_heartbeat_time
         moments = ([beat + stale_after, beat + hang_after] if beat is not None and beat >= clock
                    else [clock + hang_after])
-        read = _read_moment(p, index)
+        read = read_moment(p, index)
         upcoming = [m for m in moments if m >= read]
         if upcoming:
             deadlines[index] = min(upcoming)
@@ -446,12 +306,12 @@ def _stale_heartbeat_faults(
     none since) was older than both timeouts when it was read."""
     faults: list[DetectedFault] = []
     for index in heard.answering:
-        clock = _pod_clock(p, index)
+        clock = pod_clock(p, index)
         if clock is None:
             continue
         beat = p.ranks[index].last_heartbeat_time
         evidence = beat if beat is not None and beat >= clock else clock
-        if _read_moment(p, index) - evidence > hang_after:
+        if read_moment(p, index) - evidence > hang_after:
             seen = f"since {iso(beat)}" if beat is not None and beat >= clock else (
                 f"since the pods started at {iso(clock)}")
             faults.append(DetectedFault(
@@ -468,14 +328,14 @@ def _progress_faults(p: Pass) -> list[DetectedFault]:
     """The job's slowest step did not advance for progressTimeoutSeconds although every rank
     sends heartbeats (the step and since when it stood are kept in `p.progress_*`)."""
     ft = p.spec.fault_tolerance
-    clock = _clock_start(p)
+    clock = clock_start(p)
     if clock is None or any(finishing(p, i) for i in p.active()):
         # No job-wide step to watch: a pod is missing, or the training is ending.
         p.progress_step, p.progress_since = None, None
         return []
 
     steps = {i: p.ranks[i].step for i in p.active()}
-    nodes = [_node_liveness(p, i) for i in p.active()]
+    nodes = [node_liveness(p, i) for i in p.active()]
     if any(n is None or completed_step(n) is None for n in nodes):
         return []
     if any(n is not None and oldest_heartbeat(n) is None for n in nodes):
@@ -489,7 +349,7 @@ def _progress_faults(p: Pass) -> list[DetectedFault]:
         p.progress_step, p.progress_since = job_step, p.now
         return []
     all_beating = all(
-        (b := p.ranks[i].last_heartbeat_time) is not None and b >= clock and _fresh(p, i, b)
+        (b := p.ranks[i].last_heartbeat_time) is not None and b >= clock and fresh(p, i, b)
         for i in p.active()
     )
     stalled_since = max(p.progress_since, clock)

@@ -184,7 +184,7 @@ class Pass:
         self.recheck: dict[int, datetime] = {}
         """When each pod's heartbeat verdict next changes (hangs.heartbeat_deadlines)."""
         self.shared_clock: tuple[tuple[int, int], datetime | None] | None = None
-        """`hangs._shared_clock` of this pass, with the (standby, incidents) counts it was
+        """`clocks.shared_clock` of this pass, with the (standby, incidents) counts it was
         computed for."""
 
     def restarts_within(self, action: RecoveryAction, since: datetime) -> int:

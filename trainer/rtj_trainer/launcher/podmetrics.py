@@ -47,7 +47,7 @@ from rtj_wire import ranks as wire_ranks
 from rtj_wire.pod import pod_endpoint_port as pod_port
 from rtj_wire.ranks import RankRecord
 
-from ..nvrx.launcher import MonitorState, read_monitor_state
+from ..nvrx.monitorstate import MonitorState, read_monitor_state
 from .verdicts import VerdictBook
 
 __all__ = ["PodRanks", "accept_verdict", "pod_port", "rank_record", "serve",

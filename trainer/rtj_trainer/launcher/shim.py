@@ -90,6 +90,7 @@ from rtj_wire import env as wire_env
 
 from .. import stop, termination
 from ..nvrx import launcher as nvrx_launcher
+from ..nvrx import monitorstate
 from ..warm import wire as warmwire
 from . import podmetrics, verdicts, warmpool
 
@@ -183,7 +184,7 @@ def pod_local_directory(env: MutableMapping[str, str], name: str, purpose: str) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options, rest = split_argv(sys.argv[1:] if argv is None else argv)
-    monitors = pod_local_directory(os.environ, nvrx_launcher.MONITOR_STATE_DIR_ENV, "monitors")
+    monitors = pod_local_directory(os.environ, monitorstate.MONITOR_STATE_DIR_ENV, "monitors")
     stoppable = pod_local_directory(os.environ, wire_env.STOP_SIGNAL_DIR, "stop")
     pod = podmetrics.start_from_environment(os.environ, rest, verdict_book(os.environ),
                                             monitor_dir=monitors)

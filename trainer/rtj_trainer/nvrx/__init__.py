@@ -10,8 +10,8 @@ means reading this folder.
 
 Which process imports what:
 
-- `launcher`: the launcher shim (rtj_trainer.launcher), in the ft_launcher process; its patches
-  reach the rank monitor processes, which ft_launcher forks from it.
+- `launcher`, `monitorstate`: the launcher shim (rtj_trainer.launcher), in the ft_launcher
+  process; their patches reach the rank monitor processes, which ft_launcher forks from it.
 - `inprocess`, `monitor`, `store`: the training worker (rtj_trainer.resiliency,
   rtj_trainer.podloss): the in-process wrapper, the rank-monitor client, the wrapper's store.
 - `asyncwriter`: the training worker's checkpointer (rtj_trainer.checkpoint), which spawns NVRx's
@@ -34,6 +34,7 @@ __all__ = ["NVRX_VERSION", "all_patches", "installed_version"]
 
 def all_patches() -> tuple[Patch, ...]:
     """Every patch of NVRx the trainer makes, and every private attribute it relies on."""
-    from . import asyncwriter, inprocess, launcher, store
+    from . import asyncwriter, inprocess, launcher, monitorstate, store
 
-    return launcher.PATCHES + inprocess.PATCHES + store.PATCHES + asyncwriter.PATCHES
+    return (launcher.PATCHES + monitorstate.PATCHES + inprocess.PATCHES + store.PATCHES
+            + asyncwriter.PATCHES)

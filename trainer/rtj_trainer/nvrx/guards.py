@@ -19,6 +19,7 @@ import importlib
 import importlib.metadata
 import inspect
 from dataclasses import dataclass
+from typing import Any
 
 NVRX_VERSION = "0.7.0"
 """The NVRx release every patch below was written for (pyproject.toml pins it)."""
@@ -49,6 +50,18 @@ class Patch:
     name: str
     reason: str
     targets: tuple[Target, ...]
+
+
+def replace(owner: Any, name: str, replacement: Any) -> Any:
+    """Set `owner.name` to `replacement` (once: a second call is a no-op); returns the original.
+    The replacement remembers the original (`_rtj_original`), which the guards read."""
+    original = getattr(owner, name)
+    if getattr(original, "_rtj_patched", False):
+        return original._rtj_original
+    replacement._rtj_patched = True
+    replacement._rtj_original = original
+    setattr(owner, name, replacement)
+    return original
 
 
 def source_digest(obj: object) -> str:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from .guards import Patch, Target
+from .guards import Patch, Target, replace
 
 T = TypeVar("T")
 
@@ -111,13 +111,6 @@ def waiting_as_spare() -> bool:
     return os.environ.get("RANK") == "None"
 
 
-def _replace(owner: Any, name: str, replacement: Any) -> None:
-    original = getattr(owner, name)
-    if getattr(original, "_rtj_patched", False):
-        return
-    replacement._rtj_patched = True
-    replacement._rtj_original = original
-    setattr(owner, name, replacement)
 
 
 def patch_reserve_wait(chunk: timedelta = RESERVE_WAIT) -> None:
@@ -129,7 +122,7 @@ def patch_reserve_wait(chunk: timedelta = RESERVE_WAIT) -> None:
     def reserve_fn(state: Any, store: Any, progress_watchdog: Any, interval: timedelta) -> Any:
         return original(state, store, progress_watchdog, min(interval, chunk))
 
-    _replace(wrap, "reserve_fn", reserve_fn)
+    replace(wrap, "reserve_fn", reserve_fn)
 
 
 def patch_initial_ranks() -> None:
@@ -141,7 +134,7 @@ def patch_initial_ranks() -> None:
     def get_initial_ranks(self: Any, ranks: Any) -> list[int]:
         return [int(r) for r in original(self, ranks)]
 
-    _replace(StoreMixin, "get_initial_ranks", get_initial_ranks)
+    replace(StoreMixin, "get_initial_ranks", get_initial_ranks)
 
 
 def _wrapper_kwargs(settings: WrapperSettings, *, before_abort: Sequence[Callable[[], None]],

@@ -28,12 +28,8 @@ The patches, in short (NVRx 0.7.0 behaviour → what we need → cost measured):
    succeeded (before the exit barrier).
 7. `LocalElasticAgent._handle_restart_decision` and `_invoke_run` (`_install_peer_stop_refunds`):
    a round opened for a peer's stop spends one of `--max-restarts` → give it back.
-8. `RankMonitorServer._handle_init_msg`, `_handle_heartbeat_msg`, `_handle_section_msg` and
-   `_handle_ipc_connection_lost` (`export_rank_monitor_state`): what a rank monitor receives from
-   its worker stays inside that process, so the operator cannot see the heartbeats of a script
-   that sends NVRx heartbeats and nothing else → each monitor also writes its rank's state
-   (connected, newest heartbeat or section message) to a small file the shim reads for its pod
-   endpoint (`read_monitor_state`). One `pwrite` of 192 bytes per message.
+8. The rank monitors' handlers of their worker's messages (rtj_trainer.nvrx.monitorstate): each
+   monitor also writes its rank's state to a small file the shim reads for its pod endpoint.
 
 Private attributes read here (guarded with the functions that define their meaning):
 `_pcontext`, `_rdzv_handler`, `_rdzv_handler._barrier_state`, `_remaining_restarts`,
@@ -43,8 +39,6 @@ Private attributes read here (guarded with the functions that define their meani
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import logging
 import os
 import signal
@@ -53,13 +47,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from rtj_wire.pod import CHECKPOINT_AND_STOP_SIGNAL as STOP_SIGNAL
 from rtj_wire.pod import PEER_STOPPED_EXIT_CODE
 
-from .guards import Patch, Target
+from . import monitorstate
+from .guards import Patch, Target, replace
 
 PEER_STOP_WAIT_SECONDS = 30.0
 """How long a launcher lets its other workers finish a stop after the first one exited 95."""
@@ -70,10 +64,6 @@ RENDEZVOUS_ROUND_POLL_SECONDS = 0.2
 (NVRx 0.7.0: a hard-coded 1 s, a whole second on every launcher restart, measured 1.01 s on an
 H200). Only launchers waiting for a round poll: at 1,000 nodes a few thousand small store reads a
 second, for about a second."""
-MONITOR_STATE_DIR_ENV = "RTJ_RANK_MONITOR_STATE_DIR"
-"""Set by the shim before ft_launcher forks its rank monitors: where each writes its rank's state
-(patch 8). Pod-local; not part of the wire."""
-MONITOR_STATE_BYTES = 192
 PEER_STOP_ROUND_KEY = "rtj_peer_stop_round_"
 """Suffix (after the rendezvous barrier's key prefix) of the store keys that mark the rounds
 opened for a peer's stop."""
@@ -81,7 +71,6 @@ opened for a peer's stop."""
 _FT = "nvidia_resiliency_ext.fault_tolerance"
 _AGENT = f"{_FT}.launcher:LocalElasticAgent"
 _ELASTIC = "torch.distributed.elastic.agent.server.api:SimpleElasticAgent"
-_RMS = f"{_FT}.rank_monitor_server:RankMonitorServer"
 PATCHES = (
     Patch("rank monitor reset on a new cycle",
           "an ABORTED rank monitor refuses every later worker of its local rank",
@@ -112,28 +101,11 @@ PATCHES = (
            Target(f"{_AGENT}._invoke_run", "a5b658f9a6ddfd0d"),
            Target(f"{_AGENT}._invoke_run_with_any_failed_policy", "c2fff9ca728b68c8"),
            Target(f"{_ELASTIC}.run", "1f0bf1529692b17f"))),
-    Patch("rank monitor state for the pod endpoint",
-          "what a rank monitor receives never leaves its process",
-          (Target(f"{_RMS}._handle_init_msg", "92d1ba899399b2c3"),
-           Target(f"{_RMS}._handle_heartbeat_msg", "7518a5b10cd1635e"),
-           Target(f"{_RMS}._handle_section_msg", "5ef3ab2949bf54c0"),
-           Target(f"{_RMS}._handle_ipc_connection_lost", "0e6620b73499bcc8"))),
 )
 """Digests: tests/unit/test_trainer_nvrx_guards.py prints the installed ones when they differ."""
 
 log = logging.getLogger("rtj_trainer.launcher")
 
-
-def _replace(owner: Any, name: str, replacement: Any) -> Any:
-    """Set `owner.name` to `replacement` (once: a second call is a no-op); returns the original.
-    The replacement remembers the original (`_rtj_original`) for the guards."""
-    original = getattr(owner, name)
-    if getattr(original, "_rtj_patched", False):
-        return original._rtj_original
-    replacement._rtj_patched = True
-    replacement._rtj_original = original
-    setattr(owner, name, replacement)
-    return original
 
 
 def non_retryable_failures(failures: Any, codes: frozenset[int]) -> list[tuple[int, int]]:
@@ -171,90 +143,7 @@ def reset_aborted_rank_monitors() -> None:
             self.state_machine = RankMonitorStateMachine(self.rmlogger)
         await original(self, msg, writer, send_response)
 
-    _replace(server, "_handle_update_config_msg", _handle_update_config_msg)
-
-
-@dataclass(frozen=True, slots=True)
-class MonitorState:
-    """What a rank monitor last received from its worker (patch 8)."""
-
-    connected: bool
-    """A worker is connected to the monitor (it called `init_workload_monitoring`)."""
-    heartbeat: float | None = None
-    """Unix time of the newest heartbeat or section message of the connected worker (None
-    before its first); kept after it disconnects, so that it goes stale."""
-    rank: int | None = None
-    """The worker's global rank, from its init message."""
-    connected_at: float | None = None
-
-
-class _StateFile:
-    """The monitor process's file for its local rank, rewritten in place by one `pwrite` of a
-    fixed-size record (a reader sees the old record or the new one; a torn read does not parse
-    and is retried by the next read)."""
-
-    def __init__(self) -> None:
-        self.fd: int | None = None
-        self.state = MonitorState(connected=False)
-
-    def write(self, state: MonitorState) -> None:
-        self.state = state
-        directory = os.environ.get(MONITOR_STATE_DIR_ENV)
-        if not directory:
-            return
-        try:
-            if self.fd is None:
-                path = os.path.join(directory, f"rank-{os.environ.get('LOCAL_RANK', '0')}.json")
-                self.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-            record = json.dumps(dataclasses.asdict(state), separators=(",", ":")).encode()
-            os.pwrite(self.fd, record.ljust(MONITOR_STATE_BYTES), 0)
-        except OSError:
-            pass  # the pod endpoint then shows less; the monitor itself goes on
-
-
-_STATE_FILE = _StateFile()
-"""The rank monitor process's own file (one monitor process per local rank)."""
-
-
-def read_monitor_state(directory: str, local_rank: int) -> MonitorState | None:
-    """The state a rank monitor wrote for `local_rank` (None: none yet, or a torn read)."""
-    try:
-        with open(os.path.join(directory, f"rank-{local_rank}.json"), "rb") as handle:
-            data = json.loads(handle.read(MONITOR_STATE_BYTES))
-        return MonitorState(**data)
-    except (OSError, ValueError, TypeError):
-        return None
-
-
-def export_rank_monitor_state() -> None:
-    """Patch 8 (idempotent; the monitors are forked from this process and inherit it)."""
-    from nvidia_resiliency_ext.fault_tolerance import rank_monitor_server
-
-    server = rank_monitor_server.RankMonitorServer
-    init, beat = server._handle_init_msg, server._handle_heartbeat_msg
-    section, lost = server._handle_section_msg, server._handle_ipc_connection_lost
-
-    async def _handle_init_msg(self: Any, msg: Any, writer: Any) -> None:
-        await init(self, msg, writer)
-        rank = getattr(getattr(msg, "rank_info", None), "global_rank", None)
-        _STATE_FILE.write(MonitorState(connected=True, rank=rank, connected_at=time.time()))
-
-    async def _handle_heartbeat_msg(self: Any, msg: Any, writer: Any) -> None:
-        await beat(self, msg, writer)
-        _STATE_FILE.write(dataclasses.replace(_STATE_FILE.state, heartbeat=time.time()))
-
-    async def _handle_section_msg(self: Any, msg: Any, writer: Any) -> None:
-        await section(self, msg, writer)
-        _STATE_FILE.write(dataclasses.replace(_STATE_FILE.state, heartbeat=time.time()))
-
-    def _handle_ipc_connection_lost(self: Any) -> None:
-        lost(self)
-        _STATE_FILE.write(dataclasses.replace(_STATE_FILE.state, connected=False))
-
-    _replace(server, "_handle_init_msg", _handle_init_msg)
-    _replace(server, "_handle_heartbeat_msg", _handle_heartbeat_msg)
-    _replace(server, "_handle_section_msg", _handle_section_msg)
-    _replace(server, "_handle_ipc_connection_lost", _handle_ipc_connection_lost)
+    replace(server, "_handle_update_config_msg", _handle_update_config_msg)
 
 
 class _RoundPollTime:
@@ -406,7 +295,7 @@ def install(
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     reset_aborted_rank_monitors()
-    export_rank_monitor_state()
+    monitorstate.export_rank_monitor_state()
     poll_rendezvous_rounds_faster()
     agent = launcher.LocalElasticAgent
     original_shutdown = agent._shutdown
@@ -429,7 +318,7 @@ def install(
             timeout = max(1, int(left))
         original_shutdown(self, death_sig, timeout)
 
-    _replace(agent, "_shutdown", _shutdown)
+    replace(agent, "_shutdown", _shutdown)
     _install_peer_stop_refunds(agent)
     if exit_barrier_timeout is not None:
         original_init = agent.__init__
@@ -438,7 +327,7 @@ def install(
             kwargs.setdefault("exit_barrier_timeout", exit_barrier_timeout)
             original_init(self, *args, **kwargs)
 
-        _replace(agent, "__init__", __init__)
+        replace(agent, "__init__", __init__)
     # Peers accept the stop only for a reason in this set (no_restart_reason()).
     ft_rendezvous_barrier.RDZV_NO_RESTART_REASONS = frozenset(  # type: ignore[attr-defined]
         {*ft_rendezvous_barrier.RDZV_NO_RESTART_REASONS, STOP_REASON})
@@ -487,7 +376,7 @@ def _install_monitor(agent: Any, launcher: Any, non_retryable: frozenset[int],
         raise launcher.NoRestartRequested(
             STOP_REASON, f"a worker exited with a non-retryable code ({message})")
 
-    _replace(agent, "_monitor_workers", _monitor_workers)
+    replace(agent, "_monitor_workers", _monitor_workers)
 
 
 def _install_peer_stop_refunds(agent: Any) -> None:
@@ -513,8 +402,8 @@ def _install_peer_stop_refunds(agent: Any) -> None:
                      refunded, self._remaining_restarts)
         return original_invoke_run(self, role)
 
-    _replace(agent, "_handle_restart_decision", _handle_restart_decision)
-    _replace(agent, "_invoke_run", _invoke_run)
+    replace(agent, "_handle_restart_decision", _handle_restart_decision)
+    replace(agent, "_invoke_run", _invoke_run)
 
 
 def run(launcher_args: Sequence[str]) -> None:
