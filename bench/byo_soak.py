@@ -62,7 +62,8 @@ def job(args: argparse.Namespace) -> dict[str, Any]:
 
 def watch(cluster: Any, namespace: str, args: argparse.Namespace) -> dict[str, Any]:
     """Poll the job for `--minutes` after it first runs; what every poll saw, summed up."""
-    seen: dict[str, Any] = {"polls": 0, "hang_detection_true": 0, "states": {},
+    seen: dict[str, Any] = {"polls": 0, "hang_detection_true": 0, "hang_detection_other": [],
+                            "states": {},
                             "unresponsive_ranks": 0, "incidents": [], "excluded_nodes": [],
                             "restarts_total": 0}
     deadline = time.monotonic() + 300
@@ -79,6 +80,10 @@ def watch(cluster: Any, namespace: str, args: argparse.Namespace) -> dict[str, A
         hang = next((c for c in status.get("conditions", [])
                      if c["type"] == "HangDetection"), {})
         seen["hang_detection_true"] += hang.get("status") == "True"
+        if hang.get("status") != "True":  # which polls, and what the condition said then
+            seen["hang_detection_other"].append({
+                "poll": seen["polls"], "seconds": round(time.monotonic() - started, 1),
+                "status": hang.get("status"), "reason": hang.get("reason")})
         seen["unresponsive_ranks"] += sum(r.get("state") == "Unresponsive"
                                           for r in status.get("ranks", []))
         seen["incidents"] = status.get("incidents") or []

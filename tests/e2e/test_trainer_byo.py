@@ -17,7 +17,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.ports import free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -34,13 +34,6 @@ PLAIN = ROOT / "examples" / "byo" / "train_fsdp2.py"
 LIBRARY = ROOT / "examples" / "byo" / "train_fsdp2_rtj.py"
 TRAIN_LOCAL = ROOT / "trainer" / "scripts" / "train-local.sh"
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _pdeathsig() -> None:
@@ -63,7 +56,8 @@ class Launch:
     def __init__(self, tmp: Path, command: list[str], *, metrics_port: int | None = None,
                  procs: int = 2, env: dict[str, str] | None = None) -> None:
         self.tmp = tmp
-        self.metrics_port = metrics_port or _free_port() + 1
+        # The shim serves on metrics_port - 1, local rank r on metrics_port + r.
+        self.metrics_port = metrics_port or free_port_block(procs + 1) + 1
         self.termination = tmp / "termination-log"
         full_env = {k: v for k, v in os.environ.items()
                     if not k.startswith(("RTJ_", "TRAINER_"))}

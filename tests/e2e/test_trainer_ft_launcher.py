@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -20,6 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
+from harness.ports import free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "trainer" / "scripts" / "train-local.sh"
@@ -149,6 +149,32 @@ def test_a_writer_killed_mid_save_resumes_from_the_previous_commit(
     assert _summary(out)["last_committed_step"] == STEPS
 
 
+
+def test_a_failed_last_save_restarts_the_attempt_instead_of_ending_one_interval_behind(
+    tmp_path: Path, fault_free: dict[int, float]
+) -> None:
+    # review F1 and F2: rank 1's write of the step-10 save fails and leaves nothing (no record,
+    # no `.error`); rank 0's write of the last save (step 30) fails with EIO. Step 10 is given
+    # up at its 3 s deadline and later saves commit; the abandoned last save fails the attempt
+    # on every rank, and the restart computes steps 26-30 again and commits step 30. Before,
+    # step 10 blocked every later commit and the job ended "successfully" at step 25.
+    out = _run(tmp_path, faults="10:1:write-lost,30:0:write-error", timeout=400,
+               args=("--set", "checkpoint.commit_timeout_seconds=3"))
+    assert "checkpoint of step 10 will not be committed" in out and "rank(s) 1" in out
+    assert "the checkpoint of step 30 was abandoned" in out
+    summary = _summary(out)
+    assert summary["steps"] == STEPS and summary["last_committed_step"] == STEPS
+    assert summary["restarts"]["launcher"] == 1, summary["restarts"]
+    losses = _losses(tmp_path)
+    attempts: dict[str, list[int]] = {}
+    for entry in losses:
+        attempts.setdefault(entry["attempt"], []).append(entry["step"])
+    assert list(attempts.values())[1][0] == 26, attempts  # resumed from the step-25 commit
+    _assert_same_losses(losses, fault_free)
+    markers = sorted(p.name for p in (tmp_path / "faults").iterdir())
+    assert markers == ["step10-rank1-write-lost", "step30-rank0-write-error"]
+
+
 def test_inprocess_restart_recovers_an_exception_in_the_same_processes(
     tmp_path: Path, fault_free: dict[int, float]
 ) -> None:
@@ -171,12 +197,19 @@ def test_inprocess_restart_recovers_an_exception_in_the_same_processes(
     # A rank's checkpoint writer that was idle at the restart outlived it; one still writing
     # (the step-5 save, a few milliseconds of tiny steps earlier, on a loaded machine) was
     # replaced. Both ranks said which, and only the replaced ones started a writer again.
-    lines = out.splitlines()
-    started = [ln for ln in lines if "checkpoint writer process" in ln]
-    kept = [ln for ln in lines if "checkpoint writer kept for the next attempt" in ln]
-    stopped = [ln for ln in lines if "checkpoint writer stopped: a write was in flight" in ln]
-    assert len(kept) + len(stopped) == 2, (kept, stopped)
-    assert len(started) == 2 + len(stopped), (started, stopped)
+    # Asserted per rank, not by counting lines: a line may be said again when a restart's
+    # exception interrupts the close that said it (review-2: a flaky count).
+    def ranks(needle: str) -> set[str]:
+        return {m.group(1) for ln in out.splitlines() if needle in ln
+                for m in [re.search(r"\[rtj-trainer rank (\d+)\]", ln)] if m}
+
+    kept = ranks("checkpoint writer kept for the next attempt")
+    stopped = ranks("checkpoint writer stopped: a write was in flight")
+    assert kept | stopped == {"0", "1"} and not kept & stopped, (kept, stopped)
+    started = [m.group(1) for ln in out.splitlines() if "checkpoint writer process" in ln
+               for m in [re.search(r"\[rtj-trainer rank (\d+)\]", ln)] if m]
+    # Each rank started one writer, and a rank whose writer was stopped started another.
+    assert sorted(started) == sorted(["0", "1", *stopped]), (started, stopped)
 
 
 def test_inprocess_restart_catches_a_hang_by_its_soft_timeout(tmp_path: Path) -> None:
@@ -332,12 +365,7 @@ def test_inprocess_restart_stops_a_writer_that_is_still_writing(
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    with socket.socket() as sock:  # the next port must be free too (local rank 1)
-        sock.bind(("127.0.0.1", port + 1))
-    return port
+    return free_port_block(2)  # local rank 1 serves on the next port
 
 
 def _scrape(url: str) -> dict[str, float]:

@@ -1,20 +1,46 @@
 """Loopback pod IPs: every pod gets its own 127.a.b.c address, so pods can bind the same port.
 
 Linux routes all of 127.0.0.0/8 to `lo`, so any such address can be bound without setup. Each
-harness instance takes one random /16 (`127.<a>.0.0`, a >= 2) so that two clusters running at the
-same time (another test session, `make cluster-up`) are unlikely to hand out the same address.
+harness instance takes one random /16 (`127.<a>.0.0`, a >= 2) and claims it for its lifetime by
+binding `127.<a>.255.255:CLAIM_PORT`, so that two clusters running at the same time (another test
+session, `make cluster-up`, the simulated nodes of `bench.scale`) never hand out the same address:
+a /16 another one holds is skipped. (Before the claim the choice was only random, and a
+clean-clone run's simulated nodes once collided with another cluster's pod on 127.146.0.2:9399.)
 """
 
 from __future__ import annotations
 
 import random
+import socket
+
+CLAIM_PORT = 64999
+"""Bound on `127.<a>.255.255` by the allocator that holds the /16 `127.<a>.0.0`."""
+
+
+def _claim(second_octet: int) -> socket.socket | None:
+    sock = socket.socket()
+    try:
+        sock.bind((f"127.{second_octet}.255.255", CLAIM_PORT))
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 class LoopbackIpAllocator:
     """Hands out 127.<a>.<b>.<c> (c in 1..254) round-robin, never an address still in use."""
 
     def __init__(self, second_octet: int | None = None) -> None:
-        self.second_octet = second_octet if second_octet is not None else random.randint(2, 254)
+        self._claim: socket.socket | None = None
+        if second_octet is None:
+            for candidate in random.sample(range(2, 255), 253):
+                self._claim = _claim(candidate)
+                if self._claim is not None:
+                    second_octet = candidate
+                    break
+            else:
+                raise RuntimeError("every 127.<a>.0.0/16 is claimed by another allocator")
+        self.second_octet = second_octet
         if not 1 <= self.second_octet <= 255:
             raise ValueError("second octet must be in 1..255")
         self._next = 0
@@ -37,6 +63,12 @@ class LoopbackIpAllocator:
 
     def release(self, address: str) -> None:
         self._in_use.discard(address)
+
+    def close(self) -> None:
+        """Give the /16 back (a process that exits gives it back too)."""
+        if self._claim is not None:
+            self._claim.close()
+            self._claim = None
 
     def node_ip(self, index: int) -> str:
         """A fixed address per node, outside the pod range: 127.<a>.255.<index+1>."""

@@ -317,3 +317,20 @@ def test_the_node_monitor_grace_period_allows_several_missed_lease_renewals() ->
     # A real cluster allows 5 (50 s grace, renewal every 10 s); fewer would flap busy nodes.
     assert NODE_MONITOR_GRACE_SECONDS >= 5 * LEASE_RENEW_SECONDS
     assert NODE_MONITOR_PERIOD_SECONDS < NODE_MONITOR_GRACE_SECONDS
+
+
+def test_two_allocators_alive_at_once_never_share_a_range() -> None:
+    # Each claims its /16 for as long as it lives (a socket bound on 127.<a>.255.255), and skips
+    # one another allocator holds, here in the same process as in two.
+    allocators = [LoopbackIpAllocator() for _ in range(40)]
+    try:
+        octets = [a.second_octet for a in allocators]
+        assert len(set(octets)) == 40 and all(2 <= o <= 254 for o in octets)
+    finally:
+        for allocator in allocators:
+            allocator.close()
+    from harness.ipam import _claim
+
+    again = _claim(octets[0])  # a range given back can be claimed again
+    assert again is not None
+    again.close()

@@ -166,6 +166,65 @@ def test_a_failed_shard_write_does_not_block_later_commits(tmp_path: Path) -> No
     leader.close(abort=True)
 
 
+
+def _checkpointers(tmp_path: Path, directories: dict[int, Path], **cfg: object) -> list:
+    """Rank 0 and rank 1 of a 2-rank job with the saves of `directories` pending (interval 0: no
+    NVRx writer process; the shards are written already)."""
+    import time
+
+    from rtj_trainer.checkpoint.checkpointer import Checkpointer, _Pending
+    from rtj_trainer.config import CheckpointConfig
+
+    made = []
+    for rank in (0, 1):
+        one = Checkpointer(CheckpointConfig(dir=str(tmp_path), keep=10, interval_steps=0, **cfg),
+                           root=tmp_path, rank=rank, world_size=2, device=torch.device("cpu"),
+                           identity="a0")
+        one._pending = [_Pending(step, directory, time.time(), 0.0)
+                        for step, directory in sorted(directories.items())]
+        made.append(one)
+    return made
+
+
+def test_a_write_that_left_neither_record_nor_error_is_abandoned_at_its_deadline(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # review F2: rank 1's step-10 write failed and could not leave its `.error` either (EIO,
+    # ENOSPC, the directory gone); steps 20 and 30 are complete. Before the fix the commit
+    # thread waited for the missing record for ever, in order, and nothing after step 10 ever
+    # committed.
+    directories = {step: save_checkpoint(tmp_path, step, commit=False) for step in (10, 20, 30)}
+    (directories[10] / ck.shard_record_name(1, 2)).unlink()
+    leader, follower = _checkpointers(tmp_path, directories, commit_timeout_seconds=0.5)
+    leader.wait_until_committed(timeout_seconds=30)
+    assert leader.stats.committed_step == 30 and leader.stats.abandoned == 1
+    # Reported with the rank that never answered (the directory itself was pruned with the
+    # other uncommitted ones once step 30 committed).
+    assert "step 10 will not be committed" in caplog.text and "rank(s) 1" in caplog.text
+    assert not directories[10].exists()
+    assert [d.name for d in ck.committed_checkpoints(tmp_path)] == [
+        directories[30].name, directories[20].name]
+    follower.wait_until_committed(timeout_seconds=30)  # rank 1 reads rank 0's verdict
+    assert follower.stats.committed_step == 30 and follower.stats.abandoned == 1
+    leader.close(abort=True)
+
+
+def test_an_abandoned_last_save_fails_the_wait_on_every_rank(tmp_path: Path) -> None:
+    # review F1: the run's last save (step 100) has rank 1's `.error`; step 90 is complete.
+    # Before the fix the wait returned normally with step 90 committed and the job ended
+    # Succeeded one interval behind. Now every rank raises, so the attempt restarts.
+    directories = {step: save_checkpoint(tmp_path, step, commit=False) for step in (90, 100)}
+    record = directories[100] / ck.shard_record_name(1, 2)
+    record.unlink()
+    record.with_name(record.name + ".error").write_text("OSError(5, 'Input/output error')")
+    leader, follower = _checkpointers(tmp_path, directories)
+    for rank in (leader, follower):
+        with pytest.raises(ck.CheckpointError, match=r"step 100 was abandoned.*step 90"):
+            rank.wait_until_kept(100)
+        assert rank.stats.committed_step == 90 and rank.stats.abandoned == 1
+    leader.close(abort=True)
+
+
 def _commit_at(directory: Path, moment: float) -> None:
     import os
 

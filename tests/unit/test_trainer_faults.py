@@ -64,3 +64,39 @@ def test_a_stall_blocks_the_step_and_then_lets_it_go_on(tmp_path: Path) -> None:
     injector.maybe_fire(3)
     assert time.monotonic() - began >= 0.2
     assert injector.already_fired(stall)
+
+
+def test_write_faults_fire_in_the_save_of_their_step_once_per_job(tmp_path: Path) -> None:
+    faults = parse_faults("10:0:write-error, 10:0:exception, 20:0:write-lost, 20:1:write-error")
+    assert [f.kind for f in faults] == ["write-error", "exception", "write-lost", "write-error"]
+    injector = FaultInjector(faults, rank=0, marker_dir=tmp_path)
+    with pytest.raises(InjectedFault):  # the step-start fault of the same step still fires
+        injector.maybe_fire(10)
+    assert injector.write_fault(10) == "error"  # the shard write fails, leaving `.error`
+    assert injector.write_fault(20) == "lost"  # ... leaving nothing at all
+    injector.maybe_fire(20)  # a write fault does not fire at the start of the step
+    again = FaultInjector(faults, rank=0, marker_dir=tmp_path)  # a later attempt
+    assert again.write_fault(10) is None and again.write_fault(20) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step10-rank0-exception", "step10-rank0-write-error", "step20-rank0-write-lost"]
+
+
+@pytest.mark.parametrize("fail", ["error", "lost"])
+def test_an_injected_write_fault_leaves_what_a_real_failure_leaves(
+    tmp_path: Path, fail: str
+) -> None:
+    import torch
+    from rtj_trainer.checkpoint.writer import write_shard
+
+    shard, record = tmp_path / "shard-0", tmp_path / "shard-0.json"
+    args = (str(shard), str(record), {}, [], torch.zeros(4, dtype=torch.uint8), 0)
+    if fail == "error":  # outside the writer process the failure is also raised
+        with pytest.raises(OSError, match="injected shard write failure"):
+            write_shard(*args, False, 0.0, fail=fail)
+    else:
+        write_shard(*args, False, 0.0, fail=fail)
+    error = record.with_name(record.name + ".error")
+    assert not shard.exists() and not record.exists()
+    assert error.exists() == (fail == "error")
+    if fail == "error":
+        assert "injected shard write failure" in error.read_text()

@@ -26,3 +26,20 @@ def test_every_scrape_reads_the_source_and_unwatch_keeps_the_last_values() -> No
     metrics.unwatch()
     beat[0] = 3.0
     assert _heartbeat(metrics) == "2.0"
+
+
+def test_no_trainer_metric_uses_a_label_prometheus_reserves_for_the_scrape() -> None:
+    # review-2: `rtj_trainer_info{job=...}` clashed with the scrape's own `job` (and `instance`)
+    # labels; the job is `job_name`, as on the operator's metrics.
+    import re
+
+    text = generate_latest(TrainerMetrics(rank=0, local_rank=0, job="ns/j", attempt=2)
+                           .registry).decode()
+    samples = [ln for ln in text.splitlines() if ln.startswith("rtj_")]
+    labels = {name for ln in samples for name in re.findall(r'[{,](\w+)="', ln)}
+    assert labels and not labels & {"job", "instance"}, labels
+    assert any(ln.startswith("rtj_trainer_info{") and 'job_name="ns/j"' in ln
+               and 'attempt="2"' in ln for ln in samples)
+    for ln in samples:  # one prefix, snake case
+        name = ln.split("{", 1)[0].split(" ", 1)[0]
+        assert re.fullmatch(r"rtj_trainer_[a-z0-9_]+", name), name

@@ -193,18 +193,20 @@ def main(argv: list[str] | None = None) -> int:
         log.info("metrics on http://%s:%d/metrics", cfg.metrics.host, port,
                  extra={"rank": launch.rank})
     resiliency = Resiliency(cfg, launch)
-    if cfg.checkpoint.mode == "async" and cfg.checkpoint.interval_steps:
-        from .checkpoint import ProcessWriter
+    from .checkpoint import ProcessWriter
 
+    writers = ProcessWriter(resiliency.carry)
+    if cfg.checkpoint.mode == "async" and cfg.checkpoint.interval_steps:
         # Start the checkpoint writer process now, while the launcher's other workers start
         # too: a warm spare then has one ready when it takes over, and every attempt of this
         # process reuses it (ProcessWriter).
-        ProcessWriter(resiliency.carry).prestart(launch.rank)
+        writers.prestart(launch.rank)
     try:
         finished = resiliency.run(lambda session: train_and_report(cfg, session, metrics))
     except FatalError as exc:
         return fatal(exc)
     finally:
+        writers.release()  # an idle writer no attempt took must not outlive the process
         resiliency.close()
         metrics.close()
     if finished.stopped:

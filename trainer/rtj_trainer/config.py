@@ -195,6 +195,11 @@ class CheckpointConfig(_Section):
     stop_check_every_steps: int = Field(default=1, ge=1)
     """How often (in steps) the ranks agree whether one of them got SIGTERM (one all-reduce of
     two integers); a stop saves the step of the first check after the signal (rtj_trainer.stop)."""
+    commit_timeout_seconds: float = Field(default=600.0, gt=0)
+    """A save that still lacks a rank's record this long after rank 0 handed it to its commit
+    thread is abandoned and reported, as one with an error record is (a write that failed and
+    could not leave its `.error` either: EIO, ENOSPC, ESTALE, the directory gone). Later saves
+    then commit; the run's last save, abandoned, fails the attempt (it restarts)."""
     test_write_delay_seconds: float = Field(default=0.0, ge=0)
     """Testing knob: the writer sleeps this long before writing, to widen the mid-save window."""
 

@@ -11,9 +11,14 @@ KIND is one of:
   rank monitors and every worker), as when a node is lost;
 - `stall=SECONDS`: the step is slow, not hung: the main thread blocks in one C call for SECONDS
   and runs no Python meanwhile (as in a long backward pass, or a collective waiting for a slower
-  peer), then the step goes on.
+  peer), then the step goes on;
+- `write-error`: the shard write of the checkpoint of step STEP fails on RANK with EIO and the
+  writer leaves its `.error` record, as when one write to the store fails;
+- `write-lost`: the same write fails and leaves nothing, not even the `.error` record, as when the
+  store fails for the small file too (EIO, ENOSPC, ESTALE, the directory gone).
 
-A fault fires at the start of step STEP on global rank RANK, before that step's work; STEP one
+A fault fires at the start of step STEP on global rank RANK, before that step's work (the write
+faults: in the save of step STEP, so STEP must be a checkpointed step); STEP one
 past the last step fires on the way out, once every checkpoint is committed and the trainer has
 left its watchdogs (before the summary and the clean-up). Each fault
 fires once per job, even across restarts: before firing, the rank creates a marker file under
@@ -33,7 +38,10 @@ from typing import TypeVar
 
 log = logging.getLogger(__name__)
 T = TypeVar("T", int, float)
-FAULT_KINDS = ("exception", "sigkill", "hang", "exit", "launcher-kill", "stall")
+FAULT_KINDS = ("exception", "sigkill", "hang", "exit", "launcher-kill", "stall", "write-error",
+               "write-lost")
+WRITE_FAULTS = {"write-error": "error", "write-lost": "lost"}
+"""Fault kind -> what `writer.write_shard(fail=...)` does."""
 MAX_STALL_SECONDS = 3600.0
 
 
@@ -96,7 +104,8 @@ def parse_faults(text: str) -> tuple[Fault, ...]:
         elif kind not in FAULT_KINDS or kind in ("exit", "stall"):
             raise FaultSpecError(
                 f"TRAINER_FAULTS entry {entry!r}: unknown KIND {kind!r} "
-                "(exception, sigkill, hang, exit=CODE, launcher-kill, stall=SECONDS)"
+                "(exception, sigkill, hang, exit=CODE, launcher-kill, stall=SECONDS, write-error, "
+                "write-lost)"
             )
         faults.append(Fault(step, rank, kind, exit_code, seconds))
     return tuple(faults)
@@ -145,7 +154,9 @@ class FaultInjector:
     def __init__(self, faults: tuple[Fault, ...], *, rank: int, marker_dir: Path) -> None:
         self.rank = rank
         self.marker_dir = marker_dir
-        self._by_step = {f.step: f for f in faults if f.rank == rank}
+        mine = [f for f in faults if f.rank == rank]
+        self._by_step = {f.step: f for f in mine if f.kind not in WRITE_FAULTS}
+        self._in_save = {f.step: f for f in mine if f.kind in WRITE_FAULTS}
 
     def already_fired(self, fault: Fault) -> bool:
         return (self.marker_dir / fault.marker_name).exists()
@@ -175,6 +186,16 @@ class FaultInjector:
             return
         log.info("injecting fault %s at step %d", fault.kind, step, extra={"rank": self.rank})
         fire(fault)
+
+    def write_fault(self, step: int) -> str | None:
+        """The save of `step` is starting: what its shard write must do wrong on this rank
+        (`WRITE_FAULTS`: "error" or "lost"), once per job; None for a write that goes well."""
+        fault = self._in_save.get(step)
+        if fault is None or not self._claim(fault):
+            return None
+        log.info("injecting fault %s into the save of step %d", fault.kind, step,
+                 extra={"rank": self.rank})
+        return WRITE_FAULTS[fault.kind]
 
 
 def fire(fault: Fault) -> None:

@@ -115,7 +115,7 @@ class _SnapshotCollector(Collector):
                     "1 while this rank waits as a warm spare (inactive in the in-process wrapper)",
                     1.0 if m.standby() else 0.0)
         info = GaugeMetricFamily("rtj_trainer_info", "Trainer identity",
-                                 labels=[*base, "job", "attempt"])
+                                 labels=[*base, "job_name", "attempt"])
         info.add_metric([*ids, m.job, str(m.attempt)], 1)
         yield info
 

@@ -74,7 +74,7 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
             injector.maybe_fire(step)
             trainer.step(step)
             if trainer.checkpoint_due(step):
-                trainer.save(step)
+                trainer.save(step, fail=injector.write_fault(step))
             trainer.report(step)
             pace(step_began + cfg.train.min_step_seconds)
             if step < cfg.train.steps and agreement.should_stop(step, trainer.steps_this_attempt):

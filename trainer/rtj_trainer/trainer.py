@@ -336,14 +336,16 @@ class Trainer:
         last = step == self.cfg.train.steps
         return bool(interval and step % interval == 0) or (last and self.cfg.checkpoint.save_final)
 
-    def save(self, step: int) -> None:
-        """Start a checkpoint of `step`; the step loop is blocked for state_dict + staging."""
+    def save(self, step: int, *, fail: str | None = None) -> None:
+        """Start a checkpoint of `step`; the step loop is blocked for state_dict + staging.
+        `fail`: an injected write fault (rtj_trainer.faults.FaultInjector.write_fault)."""
         began = time.perf_counter()
         with self.session.section("checkpoint"), self.session.atomic():
             state = self.state_dict()
             # The last step's save is waited for and its node-local copies discarded (finish):
             # a copy would only delay its commit (one rank of the 1B model: 11.3 GB to /dev/shm).
-            self.checkpointer.save(step, state, local_copy=step != self.cfg.train.steps)
+            self.checkpointer.save(step, state, local_copy=step != self.cfg.train.steps,
+                                   fail=fail)
             del state
         self.saved_step = step
         stall = time.perf_counter() - began  # state_dict + staging (+ sync write)
@@ -365,7 +367,11 @@ class Trainer:
         """After the last step: wait until every checkpoint is committed, on every rank."""
         self._close_losses()
         with self.session.section("checkpoint"):
-            self.checkpointer.wait_until_committed()
+            if self.saved_step == self.cfg.train.steps:
+                # Every rank reads the same verdict (rank 0's), so all of them fail together.
+                self.checkpointer.wait_until_kept(self.saved_step)
+            else:
+                self.checkpointer.wait_until_committed()
         self._barrier()
         # Every rank's last checkpoint is committed: what is left (the exit, NVRx's completion
         # barrier, the launcher's) sends no heartbeat and must not be timed as a hang.

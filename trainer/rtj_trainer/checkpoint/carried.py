@@ -68,6 +68,17 @@ class ProcessWriter:
                 queue.close(abort=True)
         return asyncwriter.spawn(rank, arm_writer)
 
+    def release(self) -> None:
+        """The process is leaving: stop the writer no attempt took (kept by an attempt that
+        failed, or prestarted). Left to the interpreter's exit, multiprocessing kills the writer
+        first and NVRx's `__del__` then waits for it to take a last message, for ever: a worker
+        that raised out of its last attempt never exited and held its launcher's pipe open."""
+        queue, self.carry.writer = self.carry.writer, None
+        self.carry.writer_to_replace = None
+        if queue is not None:
+            with contextlib.suppress(Exception):
+                queue.close(abort=True)
+
     def keep(self, queue: Any) -> None:
         """Hand back an idle writer for the next attempt of this process."""
         if self.carry.writer is not None and self.carry.writer is not queue:

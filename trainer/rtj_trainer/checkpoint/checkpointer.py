@@ -192,10 +192,12 @@ class Checkpointer(Resumable):
         encode_skeleton(flatten_state(state, tensors))
         self._staging.ensure(plan_layout(tensors)[1], self.device)
 
-    def save(self, step: int, state: dict[str, Any], *, local_copy: bool = True) -> float:
+    def save(self, step: int, state: dict[str, Any], *, local_copy: bool = True,
+             fail: str | None = None) -> float:
         """Start saving `state` for `step`; returns the seconds the step loop was blocked.
         `local_copy=False`: write no node-local copy of this save (the run's last save: the
-        copies are discarded once it is committed, so writing one only delays the commit)."""
+        copies are discarded once it is committed, so writing one only delays the commit).
+        `fail`: an injected write fault (rtj_trainer.faults.FaultInjector.write_fault)."""
         began = time.perf_counter()
         self._wait_for_local_write()
         waited = time.perf_counter()
@@ -215,9 +217,9 @@ class Checkpointer(Resumable):
         )
         pending = _Pending(step, directory, time.time(), 0.0,
                            wait_seconds=waited - began, copy_seconds=copied - waited)
-        writer = write_shard
+        writer: Callable[..., None] = functools.partial(write_shard, fail=fail)
         if self._local is not None and local_copy:
-            writer = functools.partial(write_shard,
+            writer = functools.partial(write_shard, fail=fail,
                                        local_copy=(str(self._local), step, self.identity))
         if self.cfg.mode == "async":
 
@@ -293,7 +295,8 @@ class Checkpointer(Resumable):
         if self._committer is None:
             self._committer = CommitWorker(self.root, world_size=self.world_size,
                                            identity=self.identity, job=self.job,
-                                           after_commit=self._record_commit)
+                                           after_commit=self._record_commit,
+                                           timeout_seconds=self.cfg.commit_timeout_seconds)
         return self._committer
 
     def _poll_commits(self) -> None:
@@ -366,8 +369,13 @@ class Checkpointer(Resumable):
         prune(self.root, keep=self.cfg.keep, delete=self._deleter, protect=self._resumed_from,
               current_identity=self.identity)
 
-    def wait_until_committed(self, timeout_seconds: float = 600.0) -> None:
-        """Block until every save of this rank is committed (used at the end of training)."""
+    def wait_until_committed(self, timeout_seconds: float | None = None) -> None:
+        """Block until every save of this rank is resolved: committed, or abandoned (the caller
+        compares `stats.committed_step` with the step it needs). By default rank 0's commit
+        deadline (`commit_timeout_seconds`) comes first, with a minute for the other ranks to
+        read its verdict; past that, CheckpointError."""
+        if timeout_seconds is None:
+            timeout_seconds = self.cfg.commit_timeout_seconds + 60.0
         deadline = time.monotonic() + timeout_seconds
         self._wait_for_local_write()
         while self._pending:
@@ -378,6 +386,17 @@ class Checkpointer(Resumable):
                 raise CheckpointError(f"checkpoint step {self._pending[0].step} never committed")
             self._keep_alive()
             time.sleep(0.01)
+
+    def wait_until_kept(self, step: int) -> None:
+        """`wait_until_committed`, then CheckpointError unless the save of `step` is committed:
+        for a save the run cannot end without (its last one), whose loss must fail the attempt
+        so that a restart computes and saves it again, not end the job one interval behind."""
+        self.wait_until_committed()
+        if self.stats.committed_step < step:
+            raise CheckpointError(
+                f"the checkpoint of step {step} was abandoned (a shard write failed; newest "
+                f"commit: step {self.stats.committed_step}): this attempt fails so that a "
+                "restart saves it again")
 
     # -- loading --------------------------------------------------------------------------
 
@@ -398,6 +417,9 @@ class Checkpointer(Resumable):
         if self._queue is not None:
             if abort and self._writer_idle():
                 self._writers.keep(self._queue)  # the next attempt's (ProcessWriter)
+                # Dropped before it is said: a close cut short by an in-process restart's
+                # exception after this line is not done (and said) again by close_interrupted.
+                self._queue = None
                 log.info("checkpoint writer kept for the next attempt (idle)",
                          extra={"rank": self.rank})
             elif abort:

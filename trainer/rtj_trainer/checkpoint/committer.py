@@ -5,9 +5,11 @@ rtj_trainer.checkpoint.store, run off the step loop.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 
 from ..files import write_json_atomic
 from .format import MANIFEST, Manifest
-from .store import abandon, commit, failed_writes, record_listing
+from .store import abandon, commit, failed_writes, missing_records, record_listing
 
 
 @dataclass(slots=True)
@@ -116,7 +118,9 @@ class CommitWorker:
     directory (one `readdir`) until every rank's record is there, then reads each record once and
     writes the manifest (`commit`), runs `after_commit` (commit log, `latest-committed-step`,
     prune), and writes `commit-progress.json`. A save with an error record is abandoned instead,
-    so it never blocks later ones. The step loop only drains `outcomes()`: no file access."""
+    so it never blocks later ones; so is one still missing a record `timeout_seconds` after it
+    was submitted (a write that failed without leaving its error record). The step loop only
+    drains `outcomes()`: no file access."""
 
     def __init__(
         self,
@@ -127,6 +131,8 @@ class CommitWorker:
         job: str,
         after_commit: Callable[[Manifest, Any], object],
         interval_seconds: float = 0.05,
+        timeout_seconds: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.root = root
         self.world_size = world_size
@@ -134,7 +140,9 @@ class CommitWorker:
         self.job = job
         self.after_commit = after_commit
         self.interval_seconds = interval_seconds
-        self._jobs: queue.Queue[tuple[Path, int, Any]] = queue.Queue()
+        self.timeout_seconds = timeout_seconds
+        self.clock = clock
+        self._jobs: queue.Queue[tuple[Path, int, Any, float]] = queue.Queue()
         self._outcomes: queue.Queue[CommitOutcome] = queue.Queue()
         self._stop = threading.Event()
         self._resolved: dict[int, tuple[bool, float]] = {}
@@ -143,7 +151,7 @@ class CommitWorker:
         self._thread.start()
 
     def submit(self, directory: Path, step: int, context: Any = None) -> None:
-        self._jobs.put((directory, step, context))
+        self._jobs.put((directory, step, context, self.clock()))
 
     def outcomes(self) -> list[CommitOutcome]:
         """The saves resolved since the last call, in submission order (never blocks)."""
@@ -161,12 +169,14 @@ class CommitWorker:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                directory, step, context = self._jobs.get(timeout=0.2)
+                directory, step, context, submitted = self._jobs.get(timeout=0.2)
             except queue.Empty:
                 continue
             outcome = None
             while outcome is None and not self._stop.is_set():
                 outcome = self._resolve(directory, step, context)
+                if outcome is None and self.clock() - submitted > self.timeout_seconds:
+                    outcome = self._give_up(directory, step)
                 if outcome is None:
                     self._stop.wait(self.interval_seconds)
             if outcome is not None:
@@ -190,9 +200,30 @@ class CommitWorker:
                 self.after_commit(manifest, context)
                 outcome = CommitOutcome(step, manifest)
                 self._resolved[step] = (True, manifest.committed_at)
-            write_commit_progress(self.root, identity=self.identity, outcomes=self._resolved)
-            for old in sorted(self._resolved)[:-_RECENT_OUTCOMES]:
-                del self._resolved[old]
+            self._publish()
             return outcome
         except Exception as exc:  # handed to the step loop, which raises it (poll)
             return CommitOutcome(step, None, failure=exc)
+
+    def _give_up(self, directory: Path, step: int) -> CommitOutcome:
+        """The save of `step` is past its deadline with records missing and no error record:
+        abandoned (the marker is best effort: the store may be what failed), and the other ranks
+        told through `commit-progress.json`; when even that cannot be written the step loop
+        raises (an attempt that cannot tell its ranks about commits restarts)."""
+        ranks = missing_records(directory, world_size=self.world_size)
+        reason = (f"no shard record from rank(s) {', '.join(map(str, ranks))} and no error "
+                  f"record {self.timeout_seconds:g} s after the save (the write failed and "
+                  "could not say so)")
+        with contextlib.suppress(OSError):
+            abandon(directory, reason)
+        self._resolved[step] = (False, 0.0)
+        try:
+            self._publish()
+        except Exception as exc:
+            return CommitOutcome(step, None, (reason,), failure=exc)
+        return CommitOutcome(step, None, (reason,))
+
+    def _publish(self) -> None:
+        write_commit_progress(self.root, identity=self.identity, outcomes=self._resolved)
+        for old in sorted(self._resolved)[:-_RECENT_OUTCOMES]:
+            del self._resolved[old]

@@ -308,6 +308,16 @@ def record_listing(ckpt_dir: Path, *, world_size: int) -> tuple[int, list[str]]:
     return missing, errors
 
 
+def missing_records(ckpt_dir: Path, *, world_size: int) -> list[int]:
+    """The ranks whose shard record is not in `ckpt_dir` (one `readdir`; all when it is gone)."""
+    try:
+        names = set(os.listdir(ckpt_dir))
+    except OSError:
+        return list(range(world_size))
+    return [rank for rank in range(world_size)
+            if shard_record_name(rank, world_size) not in names]
+
+
 def commit(
     ckpt_dir: Path, *, step: int, world_size: int, identity: str, job: str = ""
 ) -> Manifest | None:

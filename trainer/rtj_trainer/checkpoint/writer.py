@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import hashlib
 import os
 import signal
@@ -127,6 +128,7 @@ def write_shard(
     threads: int = WRITE_THREADS,
     *,
     local_copy: tuple[str, int, str] | None = None,
+    fail: str | None = None,
 ) -> None:
     """Write one rank's shard durably, then its record; failures leave a `.error` file instead.
 
@@ -136,6 +138,8 @@ def write_shard(
     copy there, in a thread alongside the store write (memory-bound against disk-bound: a save
     takes about the longer of the two, not their sum, so the writer keeps up with saves that
     come faster); this returns once both are done, as the staging buffer is reused after it.
+    `fail` (fault injection, rtj_trainer.faults.WRITE_FAULTS): "error" fails the write with EIO
+    (the `.error` record is left as for any failure); "lost" leaves nothing at all.
     """
     if in_worker:
         _die_with_parent()
@@ -143,7 +147,11 @@ def write_shard(
         time.sleep(delay_seconds)
     shard = Path(shard_path)
     tmp = shard.with_name(f".{shard.name}.tmp-{os.getpid()}")
+    if fail == "lost":
+        return  # the write and its `.error` record both failed: nothing tells rank 0
     try:
+        if fail == "error":
+            raise OSError(errno.EIO, "injected shard write failure (fault write-error)", shard_path)
         began = time.perf_counter()
         data = _byte_view(blob)
         header = encode_header(skeleton, layout, len(data))

@@ -184,7 +184,10 @@ class Run:
         if (self.state is not None and not progress.stopped and self.cfg.save_final
                 and progress.saved_step != progress.step and progress.step > self.start_step):
             self.save(progress.step)
-        self.checkpointer.wait_until_committed()
+        if not progress.stopped and progress.saved_step == progress.step:
+            self.checkpointer.wait_until_kept(progress.step)  # the run's last save
+        else:
+            self.checkpointer.wait_until_committed()
         dist.barrier()
         stats = self.checkpointer.stats
         committed = stats.committed_step if stats.committed_step >= 0 else None
