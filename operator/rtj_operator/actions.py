@@ -6,7 +6,8 @@ precondition) are no-ops, and so is a patch of a Workload that changed meanwhile
 resourceVersion: the next pass reads it again). A create refused with 403 (Pod Security
 admission, an admission policy, a quota) is reported back as `intents.CreateRefused` and the
 remaining actions still run: the pass writes the refusal into the status instead of retrying
-(docs/security.md). Other API errors surface as `kopf.TemporaryError`, so the job's loop retries
+(docs/security.md); so is a create answered 409 for an object that is not the job's own (another
+object holds the name). Other API errors surface as `kopf.TemporaryError`, so the job's loop retries
 the pass a moment later. Events are not posted here but by the job's loop, through kopf (they are
 a separate field of the decision, `intents.PostEvent`), after `patch_status` wrote the pass's
 status.
@@ -49,6 +50,51 @@ def _create(
             _request_timeout=timeout)
     else:
         raise ValueError(f"cannot create a {kind}")
+
+
+def _read_owners(
+    core: kubernetes.client.CoreV1Api, namespace: str, kind: str, name: str, timeout: float
+) -> list[str] | None:
+    """The owner UIDs of the existing `kind`/`name` (None: it is gone again, or a kind this
+    does not read)."""
+    api = core.api_client
+    try:
+        if kind == "Pod":
+            found: Any = core.read_namespaced_pod(name, namespace, _request_timeout=timeout)
+        elif kind == "Service":
+            found = core.read_namespaced_service(name, namespace, _request_timeout=timeout)
+        elif kind == "PersistentVolumeClaim":
+            found = core.read_namespaced_persistent_volume_claim(name, namespace,
+                                                                 _request_timeout=timeout)
+        elif kind == "NetworkPolicy":
+            found = kubernetes.client.NetworkingV1Api(api).read_namespaced_network_policy(
+                name, namespace, _request_timeout=timeout)
+        else:
+            return None
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return [owner.uid for owner in (found.metadata.owner_references or [])]
+
+
+def _taken_by_another(
+    core: kubernetes.client.CoreV1Api, namespace: str, manifest: dict[str, Any], timeout: float
+) -> intents.CreateRefused | None:
+    """A create answered 409: fine when the object is the job's own (an earlier pass made it);
+    refused when something else holds the name, which would otherwise count as done for ever
+    (review-2 F8: job `x`'s rendezvous Service and job `x-rdzv`'s headless Service)."""
+    ours = {owner["uid"] for owner in manifest["metadata"].get("ownerReferences", [])}
+    if not ours:
+        return None
+    kind, name = manifest["kind"], manifest["metadata"]["name"]
+    owners = _read_owners(core, namespace, kind, name, timeout)
+    if owners is None or ours & set(owners):
+        return None
+    return intents.CreateRefused(
+        kind, name, f"a {kind} named {name} already exists and is not this job's "
+        f"(owners: {', '.join(owners) or 'none'}); rename the job or delete that {kind}",
+        name_taken=True)
 
 
 def refusal_message(error: ApiException) -> str:
@@ -104,6 +150,8 @@ def _apply_one(
             )
         return None
     except ApiException as error:
+        if error.status == 409 and isinstance(action, intents.CreateObject):
+            return _taken_by_another(core, namespace, action.manifest, timeout)
         if error.status in (404, 409):
             return None  # already there / already gone / already replaced
         if error.status == 403 and isinstance(action, intents.CreateObject):

@@ -107,12 +107,15 @@ class AnnouncePodLoss:
 @dataclass(frozen=True)
 class CreateRefused:
     """What `actions.apply` reports back: the API server refused a `CreateObject` with 403
-    (Pod Security admission, an admission policy, a quota). Not retried by kopf: the pass writes
+    (Pod Security admission, an admission policy, a quota), or answered 409 for an object of
+    that name that is not the job's own. Not retried by kopf: the pass writes
     it into the status (`decisions.with_refusals`) and the next pass tries again."""
 
     kind: str
     name: str
     message: str
+    name_taken: bool = False
+    """409: the name is held by an object that is not the job's."""
 
 
 @dataclass(frozen=True)

@@ -85,3 +85,14 @@ def test_another_403_is_forbidden_and_a_pass_without_refusals_changes_nothing() 
     assert condition(outcome, "AdmissionRefused")["reason"] == "Forbidden"
     assert d.with_refusals(decided.decision, [], T0) is decided.decision
     assert condition(decided, "AdmissionRefused")["status"] == "False"
+
+
+def test_a_name_held_by_an_object_that_is_not_the_jobs_is_name_taken() -> None:
+    decided = decide(job(), world())
+    taken = [CreateRefused("Service", "tiny-rdzv", "a Service named tiny-rdzv already exists "
+                           "and is not this job's (owners: none)", name_taken=True)]
+    outcome = Outcome(d.with_refusals(decided.decision, taken, T0))
+    refused = condition(outcome, "AdmissionRefused")
+    assert refused["status"] == "True" and refused["reason"] == "NameTaken"
+    assert "Service tiny-rdzv: a Service named tiny-rdzv already exists" in refused["message"]
+    assert next(e for e in outcome.events if e.reason == "AdmissionRefused").type == "Warning"

@@ -374,6 +374,15 @@ JOB_NAME_RULE = cel(
     field_path=".metadata.name",
     reason="FieldValueInvalid",
 )
+RENDEZVOUS_SUFFIX = "-rdzv"
+JOB_NAME_SUFFIX_RULE = cel(
+    f"!self.metadata.name.endsWith('{RENDEZVOUS_SUFFIX}')",
+    f"metadata.name must not end in '{RENDEZVOUS_SUFFIX}': the job named without it has its "
+    f"rendezvous Service `<name>{RENDEZVOUS_SUFFIX}`, which would be this job's headless Service "
+    "too (each job's pods would resolve to the other's)",
+    field_path=".metadata.name",
+    reason="FieldValueInvalid",
+)
 
 
 class ObjectMeta(BaseModel):
@@ -398,6 +407,8 @@ class ObjectMeta(BaseModel):
             len(name) > MAX_JOB_NAME_LENGTH or not re.fullmatch(DNS_LABEL_1035, name)
         ):
             raise ValueError(JOB_NAME_RULE["message"])
+        if name is not None and name.endswith(RENDEZVOUS_SUFFIX):
+            raise ValueError(JOB_NAME_SUFFIX_RULE["message"])
         return name
 
 
@@ -405,7 +416,8 @@ class ResilientTrainingJob(ApiModel):
     """A multi-node PyTorch training job that recovers from faults by restarting only the failed
     rank where it can, bounded by restart budgets, and reports its progress in status."""
 
-    model_config = ConfigDict(json_schema_extra=validations(JOB_NAME_RULE))
+    model_config = ConfigDict(json_schema_extra=validations(JOB_NAME_RULE,
+                                                             JOB_NAME_SUFFIX_RULE))
 
     api_version: Literal["training.resilient.dev/v1alpha1"] = Field(
         default="training.resilient.dev/v1alpha1", description="training.resilient.dev/v1alpha1"

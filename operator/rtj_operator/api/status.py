@@ -87,7 +87,8 @@ class Condition(ApiModel):
             "`heartbeatTimeoutSeconds` while fewer than half of the job's running pods answer, "
             "or while the answering ones beat; no hang is declared for it), "
             "`AdmissionRefused` (the API server refused to create a pod or another child: "
-            "reason `PodSecurity` or `Forbidden`, the server's message), `Queued` (only on a "
+            "reason `PodSecurity` or `Forbidden`, the server's message, or `NameTaken`: an "
+            "object of a name the job needs exists and is not the job's), `Queued` (only on a "
             "job labelled `kueue.x-k8s.io/queue-name`: True while it waits for Kueue to admit "
             "its Workload, with Kueue's message, False once admitted)."
         )

@@ -155,6 +155,8 @@ class Reason(StrEnum):
     """AdmissionRefused: Pod Security admission refused a pod (the message names the level)."""
     FORBIDDEN = "Forbidden"
     """AdmissionRefused: another 403 (an admission policy, a quota, the operator's RBAC)."""
+    NAME_TAKEN = "NameTaken"
+    """AdmissionRefused: an object the job needs exists under its name and is not the job's."""
     ADMITTED = "Admitted"
     """AdmissionRefused is False: the children were created. Queued is False: Kueue admitted
     the job's Workload."""

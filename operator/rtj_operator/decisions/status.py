@@ -409,8 +409,10 @@ REFUSAL_MESSAGE_LIMIT = 4096
 def refusal_condition(refused: Sequence[CreateRefused]) -> tuple[str, str]:
     """The AdmissionRefused condition's reason and message for this pass's refused creates:
     `PodSecurity` when Pod Security admission refused one (its message names the level and the
-    violations), else `Forbidden`."""
+    violations), `NameTaken` when another object holds a name the job needs (a 409 for an object
+    that is not the job's), else `Forbidden`."""
     reason = (Reason.POD_SECURITY if any("violates PodSecurity" in r.message for r in refused)
+              else Reason.NAME_TAKEN if any(r.name_taken for r in refused)
               else Reason.FORBIDDEN)
     message = "; ".join(f"{r.kind} {r.name}: {r.message[:REFUSAL_MESSAGE_LIMIT]}"
                         for r in refused)
