@@ -32,7 +32,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,9 +177,19 @@ def pod_changed(loops: Mapping[JobKey, JobLoop], pod_memo: kopf.Memo, *, key: Jo
 
 def finished_and_idle(state: str | None, pods: int, ttl: object,
                       workload_pending: bool = False) -> bool:
-    """A finished job with no pod left and no TTL: nothing for a pass to do (C13), unless it is
-    queued through Kueue and its Workload was not seen Finished yet (`workload_pending`)."""
+    """A finished job with no running pod left (`pods`: `running_pods`) and no TTL: nothing for
+    a pass to do (C13), unless it is queued through Kueue and its Workload was not seen Finished
+    yet (`workload_pending`)."""
     return state in FINISHED and pods == 0 and ttl is None and not workload_pending
+
+
+def running_pods(pods: Iterable[Mapping[str, Any]]) -> int:
+    """The pods that have not ended. A finished job keeps its ended trainer pods for their logs
+    (decisions.lifecycle), and they need no pass: counted as running, they cost a full pass
+    every interval for ever (review-2 F9). A pod being deleted still counts until it is gone."""
+    return sum(1 for pod in pods
+               if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+               or (pod.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def _interval(settings: OperatorSettings) -> float:
@@ -306,7 +316,7 @@ async def run_pass(*, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
     state = remembered.state if remembered is not None else (body.get("status") or {}).get(
         "state")
     queued = kueueapi.queue_name(body.metadata.labels) is not None
-    if finished_and_idle(state, len(list(children[0])),
+    if finished_and_idle(state, running_pods(children[0]),
                          (body.get("spec") or {}).get("ttlSecondsAfterFinished"),
                          workload_pending=queued and not job.workload_settled):
         return

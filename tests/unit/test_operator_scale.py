@@ -163,3 +163,17 @@ def test_a_created_workload_is_not_expected_in_the_watch_caches_of_pods_services
         [CreateObject({"kind": "Workload", "metadata": {"name": "resilienttrainingjob-j-abcde"}}),
          CreateObject({"kind": "Service", "metadata": {"name": "j"}})], {}, now=3.0)
     assert expected == {"j": 3.0}
+
+
+def test_a_finished_job_whose_pods_ended_and_stay_for_their_logs_costs_no_pass() -> None:
+    # review-2 F9: the ended trainer pods of a finished job are kept for their logs; counted as
+    # pods, they cost a full pass every interval for ever.
+    ended = [{"metadata": {"name": f"j-{i}"}, "status": {"phase": phase}}
+             for i, phase in enumerate(("Succeeded", "Succeeded", "Failed"))]
+    assert jobloop.running_pods(ended) == 0
+    assert jobloop.finished_and_idle("Succeeded", jobloop.running_pods(ended), None)
+    running = [*ended, {"metadata": {"name": "j-rdzv"}, "status": {"phase": "Running"}}]
+    gone_soon = {"name": "j-2", "deletionTimestamp": "2026-12-04T00:00:00Z"}
+    deleting = [*ended[:2], {"metadata": gone_soon, "status": {"phase": "Failed"}}]
+    assert jobloop.running_pods(running) == 1 and jobloop.running_pods(deleting) == 1
+    assert not jobloop.finished_and_idle("Succeeded", jobloop.running_pods(running), None)
