@@ -249,7 +249,7 @@ def test_excluded_nodes_are_bounded_and_a_repeat_moves_to_the_end() -> None:
         {"node": "node-1", "reason": "NodeLost", "since": "2026-11-29T11:00:00Z"}]
     j = job(status={"excludedNodes": old}, faultTolerance={"podStartTimeoutSeconds": 60})
     late = T0 + timedelta(seconds=61)
-    stuck = world(trainer(0), trainer(1, "Pending", waiting_reason="ErrImagePull"),
+    stuck = world(trainer(0), trainer(1, "Pending", waiting_reason="CreateContainerError"),
                   rdzv=rendezvous())
     two = decide(j, stuck, now=late)
     nodes = [e["node"] for e in two.status["excludedNodes"]]
@@ -258,7 +258,8 @@ def test_excluded_nodes_are_bounded_and_a_repeat_moves_to_the_end() -> None:
     assert two.status["excludedNodes"][-1]["reason"] == IncidentCause.POD_START_TIMEOUT
     # One more node pushes out the oldest.
     elsewhere = world(trainer(0), trainer(1, "Pending", attempt=1, node_name="node-x",
-                                         waiting_reason="ErrImagePull"), rdzv=rendezvous())
+                                         waiting_reason="CreateContainerError"),
+                      rdzv=rendezvous())
     three = then(two, j, elsewhere, now=late + timedelta(seconds=61))
     nodes = [e["node"] for e in three.status["excludedNodes"]]
     assert len(nodes) == MAX_EXCLUDED_NODES and nodes[-1] == "node-x" and "n-0" not in nodes
@@ -306,7 +307,7 @@ def test_a_container_being_created_is_not_a_problem_until_the_deadline() -> None
 def test_a_pod_past_its_start_deadline_is_replaced_away_from_its_node() -> None:
     j = job(faultTolerance={"podStartTimeoutSeconds": 300})
     first = decide(j, world())
-    observed = world(trainer(0), trainer(1, "Pending", waiting_reason="ErrImagePull"),
+    observed = world(trainer(0), trainer(1, "Pending", waiting_reason="CreateContainerError"),
                      rdzv=rendezvous())
     two = then(first, j, observed, now=T0 + timedelta(seconds=299))
     assert deletes(two) == []
@@ -315,9 +316,29 @@ def test_a_pod_past_its_start_deadline_is_replaced_away_from_its_node() -> None:
     incident = three.status["incidents"][-1]
     assert (incident["cause"], incident["action"]) == (
         IncidentCause.POD_START_TIMEOUT, RecoveryAction.RANK_RESTART)
-    assert "ErrImagePull" in incident["message"] and "podStartTimeoutSeconds=300" in (
+    assert "CreateContainerError" in incident["message"] and "podStartTimeoutSeconds=300" in (
         incident["message"])
     assert [e["node"] for e in three.status["excludedNodes"]] == ["node-1"]
+
+
+@pytest.mark.parametrize("reason", ["ContainerCreating", "PodInitializing", "InvalidImageName",
+                                    "CreateContainerConfigError"])
+def test_a_pod_still_pulling_or_misconfigured_at_its_deadline_excludes_no_node(
+    reason: str,
+) -> None:
+    # review-2 F11: a cold pull of a large image outlasting the timeout (the kubelet says
+    # ContainerCreating while it pulls), or a spec that fails on every node alike, is no reason
+    # to avoid the node.
+    j = job(faultTolerance={"podStartTimeoutSeconds": 300})
+    first = decide(j, world())
+    observed = world(trainer(0), trainer(1, "Pending", waiting_reason=reason),
+                     rdzv=rendezvous())
+    late = then(first, j, observed, now=T0 + timedelta(seconds=301))
+    assert deleted(late) == ["tiny-1"]
+    incident = late.status["incidents"][-1]
+    assert incident["cause"] == IncidentCause.POD_START_TIMEOUT
+    assert "its node is not excluded" in incident["message"]
+    assert "excludedNodes" not in late.status
 
 
 def test_an_unscheduled_pod_past_its_deadline_excludes_no_node() -> None:

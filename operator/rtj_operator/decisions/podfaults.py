@@ -53,6 +53,13 @@ def failure_reason(pod: PodView) -> str:
 
 BENIGN_WAITING = frozenset({"ContainerCreating", "PodInitializing"})
 """Reasons a container waits that are a normal part of starting (not shown at once)."""
+NOT_THE_NODES_FAULT = BENIGN_WAITING | {"InvalidImageName", "CreateContainerConfigError"}
+"""Waiting reasons after which a `PodStartTimeout` excludes no node: the kubelet says
+`ContainerCreating` while it pulls the image (a cold pull of a 20-30 GB trainer image can take
+longer than the timeout on a good node: review-2 F11), and a bad image name or a container
+config naming a missing Secret fails on every node alike. A pull that failed (`ErrImagePull`,
+`ImagePullBackOff`) still excludes the node: the same image pulls elsewhere when the node's
+disk or its way to the registry is what failed."""
 
 
 def lost_pods(p: Pass) -> None:
@@ -101,11 +108,14 @@ def _not_starting(p: Pass, pod: PodView, index: int | None) -> DetectedFault | N
         return None
     why = f"{problem[0]}: {problem[1]}" if problem is not None else "no reason given"
     where = f"on node {pod.node_name}" if pod.node_name else "unscheduled"
+    blame_node = problem is None or problem[0] not in NOT_THE_NODES_FAULT
     return DetectedFault(
         IncidentCause.POD_START_TIMEOUT, index, p.now,
         f"pod {pod.name} is still Pending {where} since {iso(pod.created_at)} "
-        f"(podStartTimeoutSeconds={timeout}): {why}",
-        whole_job=index is None, node=pod.node_name,
+        f"(podStartTimeoutSeconds={timeout}): {why}"
+        + ("" if blame_node or not pod.node_name else
+           " (its node is not excluded: an image pull or container start is not its fault)"),
+        whole_job=index is None, node=pod.node_name if blame_node else None,
     )
 
 
