@@ -333,3 +333,19 @@ def test_a_deleted_job_waits_for_its_pods_at_most_their_grace_period_and_a_margi
     assert handlers.deletion_wait_over(deleting(None), T0 + timedelta(seconds=120 + margin))
     assert handlers.deletion_wait_over(deleting(10), T0 + timedelta(seconds=10 + margin))
     assert handlers.deletion_wait_over(kopf.Body({"metadata": {"name": "tiny"}}), T0)
+
+
+def test_a_deleted_jobs_children_are_deleted_once_not_at_every_retry() -> None:
+    # review-2 F10: every 2 s retry of the deletion sent a LIST of pods, Services and claims and
+    # a DELETE per pod. Now the first try does; a later one only for a pod the watch cache shows
+    # running and not being deleted (created by a pass that was in flight).
+    from rtj_operator import handlers
+
+    going = {"metadata": {"name": "tiny-0", "deletionTimestamp": "2026-11-29T12:00:00Z"},
+             "status": {"phase": "Running"}}
+    ended = {"metadata": {"name": "tiny-1"}, "status": {"phase": "Succeeded"}}
+    stray = {"metadata": {"name": "tiny-1"}, "status": {"phase": "Pending"}}
+    assert handlers.must_delete_children(False, [])
+    assert handlers.must_delete_children(False, [going])
+    assert not handlers.must_delete_children(True, [going, ended])
+    assert handlers.must_delete_children(True, [going, stray])
