@@ -35,6 +35,11 @@ LOG = logging.getLogger("rtj_operator")
 NODE_CACHE_SECONDS = 10.0
 """How old the shared node list may be before a pass lists nodes again. The node controller
 marks a node lost only after its grace period (40-50 s), so 10 s adds little to detection."""
+NODE_MAX_STALE_SECONDS = 60.0
+"""While LISTs of nodes fail, how old a list may still be served (a pass then acts on readiness
+up to this old; older, it works without node information, as without RBAC on nodes)."""
+FAILED_RETRY_SECONDS = 5.0
+"""After a LIST of nodes failed, how long before one is tried again (not once per pass)."""
 FORBIDDEN_RETRY_SECONDS = 600.0
 """After the API server refused to list nodes, how long the operator works without them before
 it tries again (RBAC may have been granted meanwhile)."""
@@ -75,51 +80,79 @@ def _list_nodes(api: kubernetes.client.ApiClient, timeout: float) -> list[dict[s
 
 class NodeCache:
     """Every node's readiness, shared by the passes of every job: at most one LIST of nodes per
-    `max_age_seconds`, however many jobs and pods there are."""
+    `max_age_seconds`, however many jobs and pods there are, and no pass ever waits on another's
+    LIST (review-2 F3). A list older than the maximum age is still served while one LIST runs
+    in the background; a failed LIST (any error: a timeout or a connection reset is not an
+    `ApiException`) keeps serving the last list up to `max_stale_seconds` old and is tried again
+    after `FAILED_RETRY_SECONDS`. Only a pass with no list yet waits, for the one LIST in flight
+    that every such pass shares."""
 
     def __init__(self, *, max_age_seconds: float = NODE_CACHE_SECONDS,
+                 max_stale_seconds: float = NODE_MAX_STALE_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.max_age_seconds = max_age_seconds
+        self.max_stale_seconds = max_stale_seconds
         self._clock = clock
-        self._lock = asyncio.Lock()
         self._nodes: dict[str, NodeView] | None = None
         self._listed_at = 0.0
         self._forbidden_at: float | None = None
+        self._failed_at: float | None = None
         self._said_forbidden = False
+        self._in_flight: asyncio.Task[None] | None = None
 
     async def nodes(
         self, lister: Callable[[], list[dict[str, Any]]]
     ) -> Mapping[str, NodeView] | None:
-        """The nodes by name, listed again through `lister` when older than the maximum age;
-        None when they cannot be read (no RBAC on nodes, or the LIST failed)."""
-        async with self._lock:
-            now = self._clock()
-            if self._forbidden_at is not None:
-                if now - self._forbidden_at < FORBIDDEN_RETRY_SECONDS:
-                    return None
-                self._forbidden_at = None
-            if self._nodes is not None and now - self._listed_at < self.max_age_seconds:
-                return self._nodes
-            try:
-                items = await asyncio.to_thread(lister)
-            except ApiException as error:
-                if error.status in (401, 403):
-                    self._forbidden_at = now
-                    if not self._said_forbidden:
-                        self._said_forbidden = True
-                        LOG.warning(
-                            "Cannot list nodes (%s %s): working without node information; a "
-                            "pod on a lost node is seen only by its missing heartbeats and "
-                            "is never force-deleted (grant get/list/watch on nodes: "
-                            "rbac.clusterScoped=true)", error.status, error.reason)
-                    return None
-                LOG.warning("Listing nodes failed (%s %s): this pass has no node information",
-                            error.status, error.reason)
-                self._nodes = None
+        """The nodes by name (listed again through `lister` when older than the maximum age);
+        None when they cannot be read (no RBAC on nodes, or no LIST succeeded recently)."""
+        now = self._clock()
+        if self._forbidden_at is not None:
+            if now - self._forbidden_at < FORBIDDEN_RETRY_SECONDS:
                 return None
+            self._forbidden_at = None
+        fresh = self._nodes is not None and now - self._listed_at < self.max_age_seconds
+        resting = self._failed_at is not None and now - self._failed_at < FAILED_RETRY_SECONDS
+        if not fresh and not resting and self._in_flight is None:
+            self._in_flight = asyncio.ensure_future(self._refresh(lister))
+        if self._nodes is None and self._in_flight is not None:
+            await asyncio.shield(self._in_flight)  # nothing to serve yet: share the one LIST
+        return self._served()
+
+    def _served(self) -> dict[str, NodeView] | None:
+        if self._forbidden_at is not None or self._nodes is None:
+            return None
+        if self._clock() - self._listed_at > self.max_stale_seconds:
+            return None  # too old to act on: a pass works without node information
+        return self._nodes
+
+    async def _refresh(self, lister: Callable[[], list[dict[str, Any]]]) -> None:
+        try:
+            items = await asyncio.to_thread(lister)
+        except ApiException as error:
+            if error.status in (401, 403):
+                self._forbidden_at = self._clock()
+                if not self._said_forbidden:
+                    self._said_forbidden = True
+                    LOG.warning(
+                        "Cannot list nodes (%s %s): working without node information; a "
+                        "pod on a lost node is seen only by its missing heartbeats and "
+                        "is never force-deleted (grant get/list/watch on nodes: "
+                        "rbac.clusterScoped=true)", error.status, error.reason)
+            else:
+                self._failed(f"{error.status} {error.reason}")
+        except Exception as error:  # a timeout, a connection reset: urllib3's, not the client's
+            self._failed(f"{type(error).__name__}: {error}")
+        else:
             self._nodes = {view.name: view for view in map(node_view, items)}
-            self._listed_at = now
-            return self._nodes
+            self._listed_at = self._clock()
+            self._failed_at = None
+        finally:
+            self._in_flight = None
+
+    def _failed(self, why: str) -> None:
+        self._failed_at = self._clock()
+        LOG.warning("Listing nodes failed (%s): serving the last list (up to %.0f s old) and "
+                    "trying again in %.0f s", why, self.max_stale_seconds, FAILED_RETRY_SECONDS)
 
 
 async def observe(

@@ -149,15 +149,74 @@ def test_the_node_cache_lists_nodes_once_per_age_for_every_job() -> None:
         calls.append(1)
         return [LOST_NODE_JSON, HEALTHY_NODE_JSON]
 
-    cache = NodeCache(max_age_seconds=10, clock=lambda: now[0])
-    first = asyncio.run(cache.nodes(lister))
-    now[0] = 9.0
-    second = asyncio.run(cache.nodes(lister))
-    assert first is not None and sorted(first) == ["node-a", "node-b"] and second is first
-    assert len(calls) == 1
-    now[0] = 10.5
-    asyncio.run(cache.nodes(lister))
-    assert len(calls) == 2
+    async def scenario() -> None:
+        cache = NodeCache(max_age_seconds=10, clock=lambda: now[0])
+        first = await cache.nodes(lister)  # nothing yet: waits for the LIST
+        now[0] = 9.0
+        second = await cache.nodes(lister)
+        assert first is not None and sorted(first) == ["node-a", "node-b"] and second is first
+        assert len(calls) == 1
+        now[0] = 10.5
+        # Older than the maximum age: served at once while one LIST runs in the background.
+        assert await cache.nodes(lister) is first
+        await _settled(cache)
+        assert len(calls) == 2 and await cache.nodes(lister) is not first
+
+    asyncio.run(scenario())
+
+
+async def _settled(cache: NodeCache) -> None:
+    while cache._in_flight is not None:
+        await asyncio.sleep(0.01)
+
+
+def test_a_node_list_that_times_out_fails_no_pass_and_no_pass_waits_on_another() -> None:
+    # review-2 F3: a LIST failing with a urllib3 timeout (not an ApiException) failed every
+    # job's pass, and the passes queued on one lock, each listing again: 4 passes took 1, 2, 3
+    # and 4 s with 4 LISTs. Now: one LIST, shared; a failure is no exception to any pass.
+    import time
+
+    from urllib3.exceptions import ReadTimeoutError
+
+    now = [0.0]
+    calls: list[int] = []
+    fail = [False]
+
+    def lister() -> list[dict[str, Any]]:
+        calls.append(1)
+        time.sleep(0.3)
+        if fail[0]:
+            raise ReadTimeoutError(None, "/api/v1/nodes", "Read timed out. (read timeout=30)")
+        return [LOST_NODE_JSON, HEALTHY_NODE_JSON]
+
+    async def four_passes(cache: NodeCache) -> tuple[list[Any], float]:
+        began = time.monotonic()
+        got = await asyncio.gather(*(cache.nodes(lister) for _ in range(4)))
+        return list(got), time.monotonic() - began
+
+    async def scenario() -> None:
+        cache = NodeCache(max_age_seconds=10, max_stale_seconds=60, clock=lambda: now[0])
+        fail[0] = True  # nothing listed yet, and the LIST fails
+        got, took = await four_passes(cache)
+        assert got == [None] * 4 and len(calls) == 1 and took < 1.0
+        got, _ = await four_passes(cache)  # failed a moment ago: not asked again yet
+        assert got == [None] * 4 and len(calls) == 1
+        now[0] = 10.0  # past the retry pause; this LIST succeeds
+        fail[0] = False
+        listed, _ = await four_passes(cache)
+        assert len(calls) == 2 and all(n is listed[0] and n is not None for n in listed)
+        now[0] = 25.0  # old now, and the LIST fails: the old list is served at once
+        fail[0] = True
+        got, took = await four_passes(cache)
+        assert all(n is listed[0] for n in got) and took < 0.2
+        await _settled(cache)
+        assert len(calls) == 3
+        now[0] = 71.0  # over 60 s old: too old to act on
+        got, _ = await four_passes(cache)
+        await _settled(cache)
+        assert got == [None] * 4
+
+    asyncio.run(scenario())
 
 
 def test_without_rbac_on_nodes_the_cache_says_so_once_and_works_without(
