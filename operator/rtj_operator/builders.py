@@ -66,7 +66,8 @@ def _metadata(
 def _pod_labels(job: ResilientTrainingJob, role: str) -> dict[str, str]:
     template = job.spec.pod_template
     labels = dict(template.labels) if template is not None else {}
-    labels.update({naming.JOB_LABEL: job.name, naming.ROLE_LABEL: role})
+    labels.update({naming.JOB_LABEL: job.name, naming.ROLE_LABEL: role,
+                   naming.SPEC_HASH_LABEL: job.spec.pod_spec_hash()})
     return labels
 
 

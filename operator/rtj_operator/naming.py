@@ -14,6 +14,8 @@ JOB_LABEL = f"{GROUP}/job"
 ROLE_LABEL = f"{GROUP}/role"
 NODE_INDEX_LABEL = f"{GROUP}/node-index"
 ATTEMPT_LABEL = f"{GROUP}/attempt"
+SPEC_HASH_LABEL = f"{GROUP}/spec-hash"
+"""On every pod: `ResilientTrainingJobSpec.pod_spec_hash()` of the spec it was built from."""
 
 ROLE_TRAINER = "trainer"
 ROLE_RENDEZVOUS = "rendezvous"

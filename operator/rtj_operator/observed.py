@@ -30,6 +30,9 @@ class PodView:
     role: str
     node_index: int | None = None
     attempt: int | None = None
+    spec_hash: str | None = None
+    """The `pod_spec_hash` of the spec the pod was built from (None: a pod of an operator
+    version that did not stamp it)."""
     phase: str = "Pending"
     """Pending, Running, Succeeded, Failed or Unknown."""
     deleting: bool = False

@@ -86,6 +86,7 @@ def pod_view(pod: Mapping[str, Any], nodes: Mapping[str, NodeView] | None = None
         role=role,
         node_index=_int_label(labels, naming.NODE_INDEX_LABEL),
         attempt=_int_label(labels, naming.ATTEMPT_LABEL),
+        spec_hash=labels.get(naming.SPEC_HASH_LABEL),
         phase=status.get("phase") or "Pending",
         deleting=meta.get("deletionTimestamp") is not None,
         exit_code=terminated.get("exitCode"),

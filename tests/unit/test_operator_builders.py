@@ -102,7 +102,8 @@ def test_p5_trainer_pod_mounts_the_checkpoint_claim_and_a_memory_backed_shm() ->
 
 
 def test_p5_trainer_pod_identity_and_restart_policy() -> None:
-    pod = trainer_pod(p5_job(), node_index=3, attempt=2, settings=SETTINGS)
+    job = p5_job()
+    pod = trainer_pod(job, node_index=3, attempt=2, settings=SETTINGS)
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["name"] == "llama-3"
     assert meta["labels"] == {
@@ -111,6 +112,7 @@ def test_p5_trainer_pod_identity_and_restart_policy() -> None:
         "training.resilient.dev/role": "trainer",
         "training.resilient.dev/node-index": "3",
         "training.resilient.dev/attempt": "2",
+        "training.resilient.dev/spec-hash": job.spec.pod_spec_hash(),
     }
     assert meta["ownerReferences"] == [{
         "apiVersion": "training.resilient.dev/v1alpha1", "kind": "ResilientTrainingJob",

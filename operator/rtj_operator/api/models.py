@@ -21,6 +21,7 @@ invalid-manifest corpus keep the two in step.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -350,6 +351,27 @@ class ResilientTrainingJobSpec(ApiModel):
             raise ValueError(f"podTemplate.volumeMounts: {checkpoint_path} is the checkpoint "
                              "volume's mountPath")
         return self
+
+    def pod_spec_hash(self) -> str:
+        """16 hex digits of the settings the running pods were built from or read at start:
+        the fields that may change only while the job is suspended (`nodes`, `image`,
+        `command`, `args`, `env`, `resources`, `podTemplate`, `rendezvousImage` and
+        `POD_READ_SETTINGS`). Every pod carries it (label `SPEC_HASH_LABEL`); a pod whose hash
+        differs was built from another spec (an edit that reached a running job: suspend, edit
+        and resume before a pass saw the suspend), and the job restarts every pod from the new
+        spec (decisions.podfaults, review-2 F4)."""
+        # Defaults left out: an operator upgrade that adds a field or changes a default must
+        # not restart every running job; only values a person set count.
+        read = self.model_dump(mode="json", by_alias=True, exclude_none=True,
+                               exclude_defaults=True, include={
+            "nodes": True, "image": True, "command": True, "args": True, "env": True,
+            "resources": True, "pod_template": True, "rendezvous_image": True,
+            "checkpoint": {"interval_steps", "mode"},
+            "fault_tolerance": {"in_process_restart", "heartbeat_timeout_seconds",
+                                "initial_heartbeat_timeout_seconds", "fault_injection"}})
+        read = {key: value for key, value in read.items() if value != {}}
+        text = json.dumps(read, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
     def runs_builtin_trainer(self) -> bool:

@@ -96,6 +96,10 @@ class IncidentCause(StrEnum):
     """A voluntary disruption, not a fault: the pod was evicted through the eviction API (a
     node drain) or preempted by the scheduler (its `DisruptionTarget` condition says which);
     its trainers committed a checkpoint of their current step before they exited."""
+    SPEC_CHANGED = "SpecChanged"
+    """Not a fault: a running pod was built from another spec than the job's (a setting that
+    may change only while suspended was changed, and the job resumed, before a pass saw the
+    suspend). Every pod is stopped with its checkpoint and started again from the new spec."""
 
 
 class RecoveryAction(StrEnum):

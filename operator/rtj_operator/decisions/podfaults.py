@@ -153,6 +153,9 @@ def find_faults(p: Pass) -> list[DetectedFault]:
         # Nothing is left to recover: a pod lost now is finished by rule 6 (completion), and
         # a lost rendezvous only ends the exit barrier early.
         return []
+    drifted = _built_from_another_spec(p)
+    if drifted is not None:
+        return [drifted]  # every pod starts again: nothing else of this pass matters
     faults: list[DetectedFault] = []
     pods = p.observed.trainer_pods
     refused_before = any(c.type == ConditionType.ADMISSION_REFUSED and c.status == "True"
@@ -220,6 +223,24 @@ def find_faults(p: Pass) -> list[DetectedFault]:
     if not faults:
         faults.extend(hang_faults(p))
     return faults
+
+
+def _built_from_another_spec(p: Pass) -> DetectedFault | None:
+    """A pod still running that was built from another spec than the job's (its spec-hash
+    label): the job restarts every pod from the new spec (`recovery.restart_for_new_spec`).
+    Pods without the label (made by an older operator) are taken as current (review-2 F4)."""
+    current = p.job.spec.pod_spec_hash()
+    pods = [*p.observed.trainer_pods.values(), p.observed.rendezvous_pod]
+    stale = sorted(pod.name for pod in pods
+                   if pod is not None and not pod.deleting and not pod.terminated
+                   and pod.spec_hash is not None and pod.spec_hash != current)
+    if not stale:
+        return None
+    return DetectedFault(
+        IncidentCause.SPEC_CHANGED, None, p.now,
+        f"pod(s) {', '.join(stale)} run(s) an older spec (a setting that may change only while "
+        f"suspended changed without a suspend seen by the operator): every pod starts again "
+        f"from the new spec", whole_job=True)
 
 
 def _eviction(p: Pass, index: int, pod: PodView) -> DetectedFault:

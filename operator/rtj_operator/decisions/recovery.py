@@ -67,6 +67,9 @@ def _spares_first(p: Pass, faults: list[DetectedFault]) -> list[DetectedFault]:
             replace_spare(p, fault)
         else:
             left.append(fault)
+    if any(f.cause == IncidentCause.SPEC_CHANGED for f in left):
+        restart_for_new_spec(p, next(f for f in left if f.cause == IncidentCause.SPEC_CHANGED))
+        return []
     left = _evictions_first(p, left)
     if (not left or p.spec.fault_tolerance.restart_strategy == "FullRestart"
             or any(f.whole_job or f.cause not in LOST or f.node_index is None for f in left)
@@ -126,6 +129,23 @@ def reschedule_everything(p: Pass, fault: DetectedFault) -> None:
             p.delete_pod(pod, "the rendezvous pod was evicted: every pod starts again")
     if p.observed.rendezvous_pod is not None:
         p.delete_pod(p.observed.rendezvous_pod, "it was evicted")
+
+
+def restart_for_new_spec(p: Pass, fault: DetectedFault) -> None:
+    """Running pods were built from another spec: stop every pod with its own grace period
+    (its trainers commit a checkpoint of their current step, as for a suspend) and start them
+    all again from the new spec once they are gone. No budget: nothing failed."""
+    p.add_incident(fault, RecoveryAction.RESCHEDULE)
+    p.event("Warning", IncidentCause.SPEC_CHANGED, fault.message)
+    p.waiting.clear()
+    for index in range(p.pods):
+        p.rank(index, state=RankState.RESTARTING)
+        pod = p.observed.trainer_pods.get(index)
+        if pod is not None and not pod.deleting:
+            p.delete_pod(pod, "it runs an older spec")
+    rendezvous = p.observed.rendezvous_pod
+    if rendezvous is not None and not rendezvous.deleting:
+        p.delete_pod(rendezvous, "it runs an older spec")
 
 
 def recover(p: Pass, faults: list[DetectedFault], start_time: datetime) -> Decision | None:
