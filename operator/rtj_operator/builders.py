@@ -403,8 +403,9 @@ def network_policy(
     port: the rendezvous store, the trainers' c10d/gloo/NCCL sockets, metrics) and, on the
     trainers' liveness endpoint and metrics ports (`RTJ_METRICS_PORT - 1` to
     `RTJ_METRICS_PORT + procsPerNode - 1`), from the operator's pods (when the settings name
-    them). Egress is not restricted. Enforced only by a CNI that implements NetworkPolicy
-    (docs/security.md)."""
+    them), and on the ranks' metrics ports from a Prometheus (when the settings name its
+    namespace: `network_policy_scraper_*`). Egress is not restricted. Enforced only by a CNI
+    that implements NetworkPolicy (docs/security.md)."""
     job_pods = {"podSelector": {"matchLabels": {naming.JOB_LABEL: job.name}}}
     ingress: list[Manifest] = [{"from": [job_pods]}]
     operator_labels = label_map(settings.network_policy_operator_labels)
@@ -417,6 +418,15 @@ def network_policy(
         last = settings.trainer_metrics_port + plan.procs_per_node - 1
         port: Manifest = {"protocol": "TCP", "port": first, "endPort": last}
         ingress.append({"from": [peer], "ports": [port]})
+    if settings.network_policy_scraper_namespace:
+        scraper_labels = label_map(settings.network_policy_scraper_labels)
+        scraper: Manifest = {
+            "namespaceSelector": {"matchLabels": {
+                NAMESPACE_NAME_LABEL: settings.network_policy_scraper_namespace}},
+            "podSelector": {"matchLabels": scraper_labels} if scraper_labels else {}}
+        ranks: Manifest = {"protocol": "TCP", "port": settings.trainer_metrics_port,
+                           "endPort": settings.trainer_metrics_port + plan.procs_per_node - 1}
+        ingress.append({"from": [scraper], "ports": [ranks]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

@@ -112,6 +112,15 @@ class OperatorSettings:
     """Labels of the operator's pods as `k=v,k=v` (the chart sets its selector labels); with
     `network_policy_operator_namespace`, they select the operator in each job's policy."""
 
+    network_policy_scraper_namespace: str = ""
+    """Namespace of a Prometheus that scrapes the trainers, admitted by each job's NetworkPolicy
+    to the trainers' metrics ports (`TRAINER_METRICS_PORT` .. `+ procsPerNode - 1`; not the pod's
+    liveness endpoint). Empty: no such rule (the chart sets it from
+    `metrics.trainers.prometheus.namespace`)."""
+
+    network_policy_scraper_labels: str = ""
+    """Labels of that Prometheus's pods as `k=v,k=v`; empty: every pod of its namespace."""
+
     def liveness_endpoint(self) -> str | None:
         """The URL kopf serves its liveness probe on, or None when it is off."""
         if self.liveness_port == 0:
@@ -182,11 +191,11 @@ def _check_ranges(settings: OperatorSettings) -> None:
         if not 0 <= port <= 65535 or (port == 0 and name in ("trainer_metrics_port",
                                                                "rendezvous_port")):
             raise ConfigurationError(f"{env_name(name)}={port}: not a usable port")
-    try:
-        label_map(settings.network_policy_operator_labels)
-    except ConfigurationError as error:
-        raise ConfigurationError(
-            f"{env_name('network_policy_operator_labels')}: {error}") from None
+    for name in ("network_policy_operator_labels", "network_policy_scraper_labels"):
+        try:
+            label_map(getattr(settings, name))
+        except ConfigurationError as error:
+            raise ConfigurationError(f"{env_name(name)}: {error}") from None
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> OperatorSettings:

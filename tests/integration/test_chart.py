@@ -35,7 +35,8 @@ GROUP = "training.resilient.dev"
 NOWHERE = ["--set-string", "nodeSelector.rtj-test/never-schedule=true"]
 
 Manifest = dict[str, Any]
-MONITORING_ON = "metrics.prometheusRule.enabled=true,metrics.grafanaDashboard.enabled=true"
+MONITORING_ON = ("metrics.prometheusRule.enabled=true,metrics.grafanaDashboard.enabled=true,"
+                 "metrics.trainers.podMonitor.enabled=true")
 MONITORING_CRDS = REPO / "tests" / "integration" / "fixtures" / "monitoring-crds.yaml"
 
 
@@ -226,6 +227,52 @@ def test_service_monitor_is_off_by_default_and_selects_the_metrics_service_when_
     assert selector.items() <= service["metadata"]["labels"].items()
 
 
+def test_trainer_scraping_is_off_by_default_and_reaches_every_rank_when_on(
+    helm_binary: Path,
+) -> None:
+    # review-2: Prometheus could scrape no rank (the policy admitted only the operator) while
+    # the dashboard queried rtj_trainer_*. A PodMonitor names every rank's container port, and
+    # the operator is told which Prometheus each job's NetworkPolicy admits.
+    defaults = render(helm_binary)
+    assert "PodMonitor" not in by_kind(defaults)
+    assert not any(k.startswith("RTJ_OPERATOR_NETWORK_POLICY_SCRAPER")
+                   for k in operator_env(defaults))
+    manifests = render(helm_binary, "--set", "metrics.trainers.podMonitor.enabled=true,"
+                       "metrics.trainers.podMonitor.ranksPerPod=4,"
+                       "metrics.trainers.prometheus.namespace=monitoring,"
+                       "metrics.trainers.prometheus.podLabels.app=prometheus")
+    (monitor,) = by_kind(manifests)["PodMonitor"]
+    assert monitor["spec"]["selector"]["matchLabels"] == {"training.resilient.dev/role": "trainer"}
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == [
+        f"metrics-{r}" for r in range(4)]
+    # The names are the trainer container's port names.
+    from rtj_operator import builders
+    from rtj_operator.api.models import parse_job
+    from rtj_operator.podplan import plan_for
+    job = parse_job({"apiVersion": "training.resilient.dev/v1alpha1",
+                     "kind": "ResilientTrainingJob",
+                     "metadata": {"name": "j", "namespace": "ml", "uid": "u"},
+                     "spec": {"nodes": 1, "procsPerNode": 4, "image": "i",
+                              "checkpoint": {"claimName": "c"}}})
+    settings = load_settings({k: v for k, v in operator_env(manifests).items()
+                              if k.startswith(ENV_PREFIX)})
+    pod = builders.trainer_pod(job, plan=plan_for(job, settings), node_index=0, attempt=0,
+                               settings=settings)
+    assert [p["name"] for p in pod["spec"]["containers"][0]["ports"]] == [
+        e["port"] for e in monitor["spec"]["podMetricsEndpoints"]]
+    assert (settings.network_policy_scraper_namespace,
+            settings.network_policy_scraper_labels) == ("monitoring", "app=prometheus")
+    policy = builders.network_policy(job, plan=plan_for(job, settings), settings=settings)
+    assert policy["spec"]["ingress"][-1]["ports"] == [
+        {"protocol": "TCP", "port": settings.trainer_metrics_port,
+         "endPort": settings.trainer_metrics_port + 3}]
+    namespaced = render(helm_binary, "--set", "metrics.trainers.podMonitor.enabled=true,"
+                        "rbac.clusterScoped=false", namespace="team-a")
+    (monitor,) = by_kind(namespaced)["PodMonitor"]
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
+
+
 def test_alerts_and_dashboard_are_off_by_default_and_rendered_when_on(helm_binary: Path) -> None:
     kinds = by_kind(render(helm_binary))
     assert "PrometheusRule" not in kinds and "ConfigMap" not in kinds
@@ -246,7 +293,7 @@ def test_monitoring_objects_are_accepted_by_the_api_server_with_their_crds(
     """The ServiceMonitor and PrometheusRule as rendered, checked by the real API server against
     the monitoring.coreos.com CRDs (tests/integration/fixtures), strictly (no unknown field)."""
     cluster.kubectl("apply", "--server-side", "-f", str(MONITORING_CRDS))
-    for crd in ("servicemonitors", "prometheusrules"):
+    for crd in ("servicemonitors", "prometheusrules", "podmonitors"):
         cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                         f"crd/{crd}.monitoring.coreos.com")
     namespace = cluster.create_namespace("monitoring")
@@ -254,8 +301,8 @@ def test_monitoring_objects_are_accepted_by_the_api_server_with_their_crds(
         manifests = render(helm_binary, "--set", f"metrics.serviceMonitor.enabled=true,"
                            f"{MONITORING_ON}", namespace=namespace)
         wanted = [m for m in manifests
-                  if m["kind"] in ("ServiceMonitor", "PrometheusRule", "ConfigMap")]
-        assert sorted(m["kind"] for m in wanted) == ["ConfigMap", "PrometheusRule",
+                  if m["kind"] in ("ServiceMonitor", "PrometheusRule", "ConfigMap", "PodMonitor")]
+        assert sorted(m["kind"] for m in wanted) == ["ConfigMap", "PodMonitor", "PrometheusRule",
                                                      "ServiceMonitor"]
         body = "\n---\n".join(yaml.safe_dump(m) for m in wanted)
         out = cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-n", namespace,

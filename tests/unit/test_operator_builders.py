@@ -403,6 +403,23 @@ def test_the_network_policy_admits_the_jobs_pods_everywhere_and_the_operator_to_
     ]
 
 
+def test_a_named_prometheus_is_admitted_to_the_ranks_metrics_ports_only() -> None:
+    # review-2: the shipped dashboard queries rtj_trainer_* but the policy admitted only the
+    # operator, so Prometheus could scrape no rank.
+    settings = replace(SETTINGS, network_policy_scraper_namespace="monitoring",
+                       network_policy_scraper_labels="app.kubernetes.io/name=prometheus")
+    job = p5_job()
+    policy = builders.network_policy(job, plan=plan_for(job, settings), settings=settings)
+    assert policy["spec"]["ingress"][-1] == {
+        "from": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "monitoring"}},
+                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+        "ports": [{"protocol": "TCP", "port": 9400, "endPort": 9407}]}  # ranks, not 9399
+    everyone = replace(settings, network_policy_scraper_labels="")
+    policy = builders.network_policy(job, plan=plan_for(job, everyone), settings=everyone)
+    assert policy["spec"]["ingress"][-1]["from"][0]["podSelector"] == {}
+
+
 def test_without_an_operator_namespace_only_the_jobs_own_pods_are_admitted() -> None:
     job = p5_job()
     policy = builders.network_policy(job, plan=plan_for(job, SETTINGS), settings=SETTINGS)

@@ -67,3 +67,14 @@ it can never be empty: it falls back to the release namespace, where the Roles a
 {{- default .Release.Namespace .Values.operator.watchNamespace }}
 {{- end }}
 {{- end }}
+
+{{/*
+A label map as `k=v,k=v` (sorted by key), the form RTJ_OPERATOR_*_LABELS settings take.
+*/}}
+{{- define "rtj-operator.labelList" -}}
+{{- $pairs := list -}}
+{{- range $key, $value := . -}}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}
