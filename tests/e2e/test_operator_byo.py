@@ -174,6 +174,9 @@ print(AutoModelForCausalLM.from_pretrained({str(tmp_path / 'export')!r}).config.
     assert loaded.stdout.strip().splitlines()[-1] == "llama", loaded.stderr[-2000:]
 
 
+# long: ~100 s; the decision is pinned by tests/unit/test_decisions_byo_liveness.py, and
+# make test keeps the three adoption paths (docs/development.md, tiers)
+@pytest.mark.long
 def test_a_script_that_reports_nothing_is_never_taken_for_hung(
         cluster: Cluster, namespace: str, operator: OperatorProcess) -> None:
     """It runs 90 s, past heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds (15 + 60):

@@ -14,7 +14,8 @@ import pytest
 
 from bench import scale
 
-pytestmark = [pytest.mark.e2e]
+# long: ~105 s on 2 cores; the scale figures are a benchmark (bench.scale, docs/benchmarks.md)
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 
 def test_100_nodes_of_8_ranks_no_false_alarm_and_detection_within_the_bound(

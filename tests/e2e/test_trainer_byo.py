@@ -204,6 +204,9 @@ def _train_local(args: list[str], *, procs: int = 2, faults: str = "") -> str:
     return done.stdout
 
 
+# long: ~70 s; make test keeps the same model through the operator (export loaded back), and
+# resharding is pinned by tests/unit/test_trainer_reshard.py
+@pytest.mark.long
 def test_the_built_in_trainer_trains_a_hugging_face_llama_resumes_and_reshards(
         tmp_path: Path) -> None:
     model, data = _tiny_llama_and_dataset(tmp_path)
