@@ -174,6 +174,39 @@ def test_silence_is_evidence_against_a_minority_of_silent_pods_in_a_stuck_job(
     assert last.status["restarts"]["full"] == 0
 
 
+def test_a_silent_single_pod_job_is_hung_after_twice_both_timeouts_and_keeps_its_node() -> None:
+    # Review F13: with `nodes: 1` no pod answers, so the outage rule alone would never blame a
+    # pod whose endpoint froze while its kubelet says Ready. It is blamed after 2 x (20 + 60) s
+    # of silence (the operator cannot tell its own network trouble from a frozen pod); until
+    # then the job shows ObservationDegraded. The evidence is weak: its node is not excluded.
+    first, before = _silent_pods_job(1, {0}, 30, 159)
+    assert first.of_type(DeletePod) == [] and before.of_type(DeletePod) == []
+    assert condition(before, "ObservationDegraded")["status"] == "True"
+    assert "incidents" not in before.status or before.status["incidents"] == []
+    # A read of the pod is due when its silence reaches the bar (T0+40 + 160 s).
+    assert before.decision.recheck == {0: T0 + timedelta(seconds=40 + 160)}
+    _, after = _silent_pods_job(1, {0}, 30, 161)
+    assert "tiny-0" in deleted(after)
+    (incident,) = after.status["incidents"]
+    assert incident["cause"] == IncidentCause.HEARTBEAT_TIMEOUT
+    assert "stopped answering 161 s ago" in incident["message"]
+    assert "single-pod job" in incident["message"]
+    assert "= 160 s" in incident["message"]
+    assert "excludedNodes" not in after.status
+    assert "NodeExcluded" not in events(after)
+    assert condition(after, "ObservationDegraded")["status"] == "False"
+
+
+def test_a_job_whose_every_pod_is_silent_is_still_an_outage_past_the_single_pod_bar() -> None:
+    # Two silent pods: nothing tells the operator's trouble from theirs, and the single-pod
+    # rule does not apply: no hang, however long, only ObservationDegraded.
+    for seconds in (161, 3000):
+        _, last = _silent_pods_job(2, {0, 1}, 30, seconds)
+        assert last.of_type(DeletePod) == []
+        assert condition(last, "ObservationDegraded")["status"] == "True"
+        assert last.decision.recheck == {}
+
+
 def test_a_pod_that_answers_with_a_stale_heartbeat_is_hung_after_silence() -> None:
     # The evidence that counts: the pod answers, its rank's own heartbeat is old. A silence
     # before it does not hide the hang once the pod answers again.

@@ -45,7 +45,9 @@ class ConditionType(StrEnum):
     OBSERVATION_DEGRADED = "ObservationDegraded"
     """A running trainer pod's liveness could not be read for longer than
     heartbeatTimeoutSeconds, and the silence is no evidence against it (an outage: fewer than
-    half of the job's running pods answer; or the answering pods beat): no hang is declared."""
+    half of the job's running pods answer; or the answering pods beat): no hang is declared,
+    except for a job's only countable pod (`nodes: 1`), which is replaced once silent for
+    2 x (heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds), its node not excluded."""
     ADMISSION_REFUSED = "AdmissionRefused"
     """The API server refused to create a child (403: Pod Security admission, an admission
     policy, a quota); reason `PodSecurity` or `Forbidden`, the message is the server's."""

@@ -29,6 +29,12 @@ observation outage, not evidence: no hang is declared for a silent pod, and afte
 heartbeatTimeoutSeconds of it the job gets the `ObservationDegraded` condition
 (`degraded_observation`); so does a minority of silent pods while every answering pod beats (the
 job trains, so the silent pods take part in it: only the operator cannot read them).
+One exception (`Silence.alone`, review F13): when the job's only pod that could hang is silent
+(`nodes: 1`, or its other pods finished or do not count), no answering pod can ever tell the
+operator's own trouble from a frozen pod, so an outage rule alone would leave it unblamed for
+ever. That pod is declared hung once silent for `LONE_SILENCE_FACTOR` (2) x
+(heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds); until then the job shows
+`ObservationDegraded`. The evidence is weak, so its node is not excluded (`node=None`).
 
 The whole hang policy lives here, including how one pod's ranks add up (`oldest_heartbeat`,
 `completed_step`: only a pod whose every local rank answered counts); `observed.py` holds only what
@@ -60,9 +66,14 @@ from rtj_operator.decisions.clocks import (
 from rtj_operator.decisions.state import DetectedFault, Pass, iso
 from rtj_operator.observed import NodeLiveness
 
-__all__ = ["completed_step", "degraded_observation", "finishing", "hang_faults",
-           "heartbeat_deadlines", "mark_unresponsive", "node_heartbeat", "not_reporting",
-           "observe_ranks", "oldest_heartbeat", "silence"]
+__all__ = ["LONE_SILENCE_FACTOR", "completed_step", "degraded_observation", "finishing",
+           "hang_faults", "heartbeat_deadlines", "mark_unresponsive", "node_heartbeat",
+           "not_reporting", "observe_ranks", "oldest_heartbeat", "silence"]
+
+LONE_SILENCE_FACTOR = 2
+"""A job's only pod that could hang, silent, is declared hung after this many times
+heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds (`Silence.alone`): with no answering
+pod, the operator cannot tell its own network trouble from a frozen pod, so it waits longer."""
 
 
 def _standby(p: Pass, index: int, node: NodeLiveness | None) -> bool:
@@ -143,6 +154,13 @@ class Silence:
         (the answering pods' workers wait for theirs)."""
         return bool(self.silent) and not self.outage and self.stuck
 
+    @property
+    def alone(self) -> bool:
+        """Whether the job's only pod that could hang is silent (a single-pod job, or its other
+        pods finished or do not count): an outage by the rule above, but one no answering pod
+        can ever end, so that pod is blamed after a longer silence (`LONE_SILENCE_FACTOR`)."""
+        return len(self.silent) == 1 and not self.answering
+
 
 def silence(p: Pass) -> Silence:
     """Sort the job's pods that could hang in this pass into silent and answering ones."""
@@ -176,15 +194,23 @@ def _silent_for(p: Pass, index: int) -> timedelta:
     return p.now - since
 
 
+def _hang_after(p: Pass) -> timedelta:
+    """heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds."""
+    ft = p.spec.fault_tolerance
+    return timedelta(seconds=ft.heartbeat_timeout_seconds + ft.initial_heartbeat_timeout_seconds)
+
+
 def degraded_observation(p: Pass) -> str | None:
     """Why observation is degraded: running pods whose liveness could not be read for longer
     than heartbeatTimeoutSeconds, when that silence is no evidence against them (`Silence`:
     an outage, or a job that trains on without them being read); None when every pod could
-    be read recently, or the silent pods are the suspects of a stuck job."""
+    be read recently, or the silent pods are the suspects of a stuck job. A pod this pass
+    replaces (a silent one declared hung: `Silence.alone`) is not named."""
     if silence(p).evidence:
         return None
     limit = timedelta(seconds=p.spec.fault_tolerance.heartbeat_timeout_seconds)
-    names = {pod.uid: pod.name for pod in p.observed.trainer_pods.values()}
+    names = {pod.uid: pod.name for index, pod in p.observed.trainer_pods.items()
+             if not (index in p.ranks and p.ranks[index].state == RankState.RESTARTING)}
     silent = sorted(names[uid] for uid, since in p.unobserved_since.items()
                     if p.now - since >= limit and uid in names)
     if not silent:
@@ -240,12 +266,22 @@ def heartbeat_deadlines(p: Pass) -> dict[int, datetime]:
     changes if its heartbeat stays where it is: it turns `Unresponsive` after newest heartbeat +
     heartbeatTimeoutSeconds, and is hung after that + initialHeartbeatTimeoutSeconds (or, with no
     heartbeat since its clock started, clock + both). A read of the pod just after that moment
-    decides it: the operator schedules one there instead of waiting for its next full pass."""
+    decides it: the operator schedules one there instead of waiting for its next full pass. The
+    job's only pod that could hang, silent (`Silence.alone`), is due when its silence reaches
+    the longer bar (`LONE_SILENCE_FACTOR`)."""
     ft = p.spec.fault_tolerance
     stale_after = timedelta(seconds=ft.heartbeat_timeout_seconds)
-    hang_after = stale_after + timedelta(seconds=ft.initial_heartbeat_timeout_seconds)
+    hang_after = _hang_after(p)
     deadlines: dict[int, datetime] = {}
-    for index in silence(p).answering:
+    heard = silence(p)
+    if heard.alone:
+        index = heard.silent[0]
+        if p.ranks[index].state in (RankState.RUNNING, RankState.UNRESPONSIVE,
+                                    RankState.STARTING):
+            due = p.now - _silent_for(p, index) + LONE_SILENCE_FACTOR * hang_after
+            if due >= p.now:
+                deadlines[index] = due
+    for index in heard.answering:
         if p.ranks[index].state not in (RankState.RUNNING, RankState.UNRESPONSIVE,
                                         RankState.STARTING):
             continue  # being replaced in this pass
@@ -264,15 +300,16 @@ def heartbeat_deadlines(p: Pass) -> dict[int, datetime]:
 
 def hang_faults(p: Pass) -> list[DetectedFault]:
     """Hangs: no heartbeat (per pod), or no progress although every rank sends heartbeats."""
-    ft = p.spec.fault_tolerance
-    hang_after = timedelta(
-        seconds=ft.heartbeat_timeout_seconds + ft.initial_heartbeat_timeout_seconds
-    )
+    hang_after = _hang_after(p)
     heard = silence(p)
     if heard.evidence:
         # A minority of silent pods in a stuck job: the silent ones are the suspects, once
         # their silence outlasts both timeouts; the answering ones wait for them meanwhile.
         return _silent_pod_faults(p, heard, hang_after)
+    if heard.alone:
+        # The job's only pod that could hang is silent: nothing else answers, so after a
+        # longer silence it is blamed (not its node).
+        return _lone_silent_pod_fault(p, heard, LONE_SILENCE_FACTOR * hang_after)
     # Without silent suspects: each answering pod on its own heartbeat. A silent pod is not
     # observed in this pass: no evidence either way (an outage, or a job that trains on).
     return _stale_heartbeat_faults(p, heard, hang_after) or _progress_faults(p)
@@ -297,6 +334,27 @@ def _silent_pod_faults(p: Pass, heard: Silence, hang_after: timedelta) -> list[D
                 node=pod.node_name,
             ))
     return faults
+
+
+def _lone_silent_pod_fault(p: Pass, heard: Silence, bar: timedelta) -> list[DetectedFault]:
+    """The job's only pod that could hang, silent for longer than `bar`. Its node is not
+    excluded: with no answering pod, the silence may be the operator's own network."""
+    (index,) = heard.silent
+    quiet = _silent_for(p, index)
+    if quiet <= bar:
+        return []
+    pod = p.observed.trainer_pods[index]
+    return [DetectedFault(
+        IncidentCause.HEARTBEAT_TIMEOUT, index, p.now,
+        f"no heartbeat from pod {pod.name}: it stopped answering "
+        f"{int(quiet.total_seconds())} s ago and it is the job's only running pod whose "
+        f"heartbeat counts (a single-pod job): with no other pod answering, the operator cannot "
+        f"tell its own network trouble from a frozen pod, so it waited "
+        f"{LONE_SILENCE_FACTOR} x (heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds) = "
+        f"{int(bar.total_seconds())} s; its node is not excluded (silence alone is weak "
+        f"evidence against it)",
+        node=None,
+    )]
 
 
 def _stale_heartbeat_faults(
