@@ -106,6 +106,35 @@ def test_a_pod_on_a_lost_node_that_still_beats_is_left_alone() -> None:
     assert deletes(two) == []
 
 
+@pytest.mark.parametrize(("peer_step", "fenced"), [(20, True), (11, False), (10, False)])
+def test_a_pod_on_a_lost_node_whose_peers_train_on_is_not_force_deleted(
+    peer_step: int, fenced: bool
+) -> None:
+    """review-2 F6: the node is cut off from the control plane (NotReady, tainted, no heartbeat
+    reaches the operator) but not from its peers. Pod 1 last reported step 10; pod 0 has
+    completed step 20 since: in synchronous training no step completes without pod 1's ranks,
+    so pod 1 still trains. Force-deleting it would start a second `tiny-1` that waits beside it
+    in a rendezvous nobody opens, is declared hung, and costs budget and a healthy node. Only
+    one step of slack (the step in flight) counts as no word."""
+    j = job()
+    one = running(j)  # every rank at step 10
+    later = AFTER + timedelta(seconds=60)  # past heartbeatTimeoutSeconds
+    observed = world(trainer(0), trainer(1, **LOST_NODE), rdzv=rendezvous())
+    two = then(one, j, observed, now=later, liveness={0: beats(later, step=peer_step)[0]})
+    assert deletes(two) == ([] if fenced else [("tiny-1", True)])
+    causes = [i["cause"] for i in two.status.get("incidents") or []]
+    assert (IncidentCause.NODE_LOST in causes) is not fenced
+
+
+def test_the_peers_word_needs_every_peer_and_a_job_without_spares() -> None:
+    # Without a word from the peers (pod 0 silent too), the lost pod is force-deleted as before.
+    j = job()
+    one = running(j)
+    later = AFTER + timedelta(seconds=60)
+    observed = world(trainer(0), trainer(1, **LOST_NODE), rdzv=rendezvous())
+    assert deletes(then(one, j, observed, now=later, liveness={})) == [("tiny-1", True)]
+
+
 def test_a_pod_on_a_lost_node_whose_last_read_is_old_is_force_deleted() -> None:
     """A pod deleted while its node is partitioned is not read any more (Terminating, frozen):
     the job's loop keeps its last read, fresh when it was taken. That read is no evidence that

@@ -27,13 +27,16 @@ The rules, in the order a pass applies them:
    a pod that fails, vanishes or is lost afterwards ends the job Succeeded too, the pods still
    running deleted: it lost nothing, and no fault is looked for any more.
 7. Faults: a trainer pod that failed, vanished or was deleted by someone else; a pod on a lost
-   node (NotReady/unreachable) whose heartbeats stopped (`NodeLost`: force-deleted); a pod still
+   node (NotReady/unreachable) whose heartbeats stopped (`NodeLost`: force-deleted, unless the
+   job's other pods completed steps since its last one: then it still trains with them and only
+   the operator cannot reach it, review-2 F6; not in jobs with spares); a pod still
    Pending `podStartTimeoutSeconds` after its creation (`PodStartTimeout`; why it does not start
    shows at once in the `PodsNotStarting` condition); a rank without a heartbeat for
    `heartbeatTimeoutSeconds + initialHeartbeatTimeoutSeconds`, counted per pod (ft_launcher had
    its chance to restart the workers inside the pod first); a job whose slowest step did not
    advance for `progressTimeoutSeconds`; the rendezvous pod lost. The node of a pod that missed
-   its heartbeats, was lost with its node or never started there is excluded: trainer pods
+   its heartbeats (except the silent pod of a single-pod job: weak evidence), was lost with its
+   node or never started there is excluded: trainer pods
    created afterwards prefer other nodes (`status.excludedNodes`). `RankRestart` replaces only
    the faulty pod (spending `rankRestartBudget`); when that budget is spent, when every pod is
    faulty, when the rendezvous is lost, or with `restartStrategy: FullRestart`, every pod is

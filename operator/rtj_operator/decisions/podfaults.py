@@ -18,6 +18,7 @@ from datetime import timedelta
 
 from rtj_operator import naming
 from rtj_operator.api.vocabulary import ConditionType, IncidentCause, RankState
+from rtj_operator.decisions.clocks import completed_step, node_liveness
 from rtj_operator.decisions.hangs import finishing, hang_faults, node_heartbeat
 from rtj_operator.decisions.state import DetectedFault, Pass, iso
 from rtj_operator.launcher import NO_RESTART_EXIT_CODE
@@ -74,11 +75,43 @@ def lost_pods(p: Pass) -> None:
         # any more (it does not answer, or it is Terminating), and its last read, however
         # fresh then, is no evidence that it still runs.
         beat = node_heartbeat(p, index)
-        if pod.node_lost and (beat is None or p.now - beat > limit):
+        if (pod.node_lost and (beat is None or p.now - beat > limit)
+                and peers_train_on(p, index) is None):
             p.lost[pod.uid] = pod.node_name or ""
     rendezvous = p.observed.rendezvous_pod
     if rendezvous is not None and rendezvous.node_lost:
         p.lost[rendezvous.uid] = rendezvous.node_name or ""
+
+
+def peers_train_on(p: Pass, index: int) -> int | None:
+    """The peers' word that the pod on a lost node still takes part in the collectives
+    (review-2 F6: a node cut off from the control plane but not from its peers keeps training):
+    the slowest step every other pod of the job completed, read in this pass, when it is more
+    than one step past the last step the pod itself reported. In synchronous training no step
+    completes without every rank, so the pod still trains; a second pod of its name would wait
+    beside it in a rendezvous nobody opens, be declared hung, and cost budget and a healthy node,
+    again and again. None (no such word: the pod may be force-deleted) when a peer does not
+    answer, when the pod never reported a step in its attempt, or in a job with warm spares,
+    where NVRx may already have moved a spare's ranks into the lost pod's, so the peers' progress
+    says nothing of it."""
+    if p.spec.fault_tolerance.spares:
+        return None
+    pod = p.observed.trainer_pods[index]
+    previous = p.prev_ranks.get(index)
+    if previous is None or previous.step is None or previous.attempt != pod.attempt:
+        return None
+    steps = []
+    for other in range(p.pods):
+        if other == index:
+            continue
+        node = node_liveness(p, other)
+        step = completed_step(node) if node is not None else None
+        if step is None:
+            return None  # every peer must answer for the word to count
+        steps.append(step)
+    if not steps or min(steps) <= previous.step + 1:
+        return None
+    return min(steps)
 
 
 def _lost_node_fault(p: Pass, index: int, pod: PodView) -> DetectedFault:
