@@ -13,6 +13,8 @@ container's command line is `launcher.py`'s, its environment `trainerenv.py`'s.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from collections.abc import Sequence
 
 from rtj_wire.pod import pod_endpoint_port
@@ -373,13 +375,20 @@ def rendezvous_service(job: ResilientTrainingJob, *, settings: OperatorSettings)
     }
 
 
-def headless_service(job: ResilientTrainingJob, *, settings: OperatorSettings) -> Manifest:
-    """Headless Service `<job>`: DNS names `<job>-<i>.<job>.<ns>.svc` for the trainer pods."""
+def headless_service(
+    job: ResilientTrainingJob, *, settings: OperatorSettings, network_policy: str | None = None
+) -> Manifest:
+    """Headless Service `<job>`: DNS names `<job>-<i>.<job>.<ns>.svc` for the trainer pods;
+    `network_policy`: the digest of the job's NetworkPolicy created with it
+    (`network_policy_digest`), kept in an annotation so drift is seen without reading policies."""
+    annotations = ({naming.NETWORK_POLICY_ANNOTATION: network_policy}
+                   if network_policy is not None else None)
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _metadata(
-            job, name=naming.headless_service_name(job.name), labels=_service_labels(job)
+            job, name=naming.headless_service_name(job.name), labels=_service_labels(job),
+            annotations=annotations,
         ),
         "spec": {
             "clusterIP": "None",
@@ -439,6 +448,12 @@ def network_policy(
             "ingress": ingress,
         },
     }
+
+
+def network_policy_digest(policy: Manifest) -> str:
+    """A short digest of a NetworkPolicy's spec: equal digests, equal rules."""
+    text = json.dumps(policy["spec"], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def checkpoint_claim(job: ResilientTrainingJob) -> Manifest:

@@ -219,7 +219,21 @@ def load_settings(environ: Mapping[str, str] | None = None) -> OperatorSettings:
     }
     settings = OperatorSettings(**values)  # type: ignore[arg-type]
     _check_ranges(settings)
+    _check_in_pod(settings, env)
     return settings
+
+
+def _check_in_pod(settings: OperatorSettings, env: Mapping[str, str]) -> None:
+    """An operator that runs in a pod (the kubelet set `KUBERNETES_SERVICE_HOST`) and writes
+    NetworkPolicies must name its own namespace: without it no job's policy admits the
+    operator, and on an enforcing CNI it could read no trainer pod (review-2 F7). Outside a
+    pod (a developer's operator, the test harness) it is not a pod a policy could select."""
+    if (settings.network_policy and not settings.network_policy_operator_namespace
+            and env.get("KUBERNETES_SERVICE_HOST")):
+        raise ConfigurationError(
+            f"{env_name('network_policy')}=true in a pod needs "
+            f"{env_name('network_policy_operator_namespace')} (the operator's namespace; the "
+            f"chart sets it), or {env_name('network_policy')}=false")
 
 
 @functools.cache

@@ -81,7 +81,20 @@ class PatchWorkload:
     status: bool = False
 
 
-Action = CreateObject | DeletePod | SetClaimOwner | DeleteJob | PatchJob | PatchWorkload
+@dataclass(frozen=True)
+class SyncNetworkPolicy:
+    """Bring the job's NetworkPolicy to `manifest` (replace it, or create it when it is gone),
+    then record `digest` in the annotation of the headless Service `service`
+    (`naming.NETWORK_POLICY_ANNOTATION`): the policy no longer matched the operator's settings
+    (review-2 F7: a moved or relabelled operator or Prometheus could read no pod)."""
+
+    manifest: Manifest
+    service: str
+    digest: str
+
+
+Action = (CreateObject | DeletePod | SetClaimOwner | DeleteJob | PatchJob | PatchWorkload
+          | SyncNetworkPolicy)
 """A change to the cluster, applied by `actions.apply` in order."""
 
 

@@ -59,6 +59,12 @@ def dynamic_claim_name(job_name: str) -> str:
     return f"{job_name}-checkpoints"
 
 
+NETWORK_POLICY_ANNOTATION = f"{GROUP}/network-policy"
+"""On the job's headless Service: the digest of the NetworkPolicy the operator last rendered for
+the job (`builders.network_policy_digest`), so a pass sees a policy that no longer matches the
+operator's settings (moved or relabelled operator or Prometheus) without reading policies."""
+
+
 def network_policy_name(job_name: str) -> str:
     """The job's NetworkPolicy: named like the job (another kind, so no clash)."""
     return job_name

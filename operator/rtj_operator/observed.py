@@ -158,6 +158,10 @@ class Observed:
     rendezvous_pod: PodView | None = None
     rendezvous_service: bool = False
     headless_service: bool = False
+    network_policy: str | None = None
+    """The digest of the NetworkPolicy last rendered for the job, from the headless Service's
+    annotation (`naming.NETWORK_POLICY_ANNOTATION`); None: no such Service or no annotation
+    (made by an operator before the annotation existed)."""
     service_ports: Mapping[str, int] = field(default_factory=dict)
     """The ports the job's Services were created with, by port name (`rendezvous`, `metrics`):
     the running pods use them, whatever the operator's settings say now."""

@@ -162,6 +162,7 @@ def observed_from(
         rendezvous_pod=rendezvous,
         rendezvous_service=naming.rendezvous_name(job_name) in service_names,
         headless_service=naming.headless_service_name(job_name) in service_names,
+        network_policy=_network_policy_digest(services, job_name),
         service_ports=_service_ports(services, job_name),
         claim=claim,
         stops=tuple(sorted((seen for seen in stops if seen.job_uid == job_uid),
@@ -195,9 +196,25 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
 def slim_object(item: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a Service or claim that `observed_from` reads."""
     ports = [_pick(port, ("name", "port")) for port in (item.get("spec") or {}).get("ports") or []]
-    return {"metadata": _pick(item.get("metadata") or {}, ("name", "ownerReferences")),
+    meta = item.get("metadata") or {}
+    ours = {key: value for key, value in (meta.get("annotations") or {}).items()
+            if key == naming.NETWORK_POLICY_ANNOTATION}
+    kept = _pick(meta, ("name", "ownerReferences"))
+    if ours:
+        kept["annotations"] = ours
+    return {"metadata": kept,
             "spec": {"ports": ports} if ports else {},
             "status": _pick(item.get("status") or {}, ("phase",))}
+
+
+def _network_policy_digest(services: Iterable[Mapping[str, Any]], job_name: str) -> str | None:
+    """The digest of the job's NetworkPolicy on its headless Service (None: none recorded)."""
+    for service in services:
+        meta = service.get("metadata") or {}
+        if meta.get("name") == naming.headless_service_name(job_name):
+            value = (meta.get("annotations") or {}).get(naming.NETWORK_POLICY_ANNOTATION)
+            return value if isinstance(value, str) else None
+    return None
 
 
 def _service_ports(services: Iterable[Mapping[str, Any]], job_name: str) -> dict[str, int]:

@@ -178,6 +178,57 @@ def test_the_api_server_accepts_the_network_policy_as_built(
     assert stored["spec"] == policy["spec"]  # nothing dropped or defaulted away (endPort kept)
 
 
+def test_a_jobs_network_policy_follows_the_operator_when_its_settings_change(
+    cluster: Cluster, namespace: str
+) -> None:
+    """review-2 F7: the policy was created once and never compared, so an operator moved to
+    another namespace (or a Prometheus named later) stayed locked out of running jobs. Real
+    passes against the API server: the first makes the policy and records its digest on the
+    headless Service; a pass with the operator's namespace set replaces the policy in place
+    (same object, new rules) and records the new digest; a further pass changes nothing."""
+    document = yaml.safe_load((REPO / "examples" / "cpu-tiny.yaml").read_text())
+    document["metadata"] = {"name": "moved", "namespace": namespace}
+    document["spec"]["suspend"] = True  # the children, no pods
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(document))
+    scraper = scraping.Scraper(concurrency=SETTINGS.scrape_concurrency,
+                               timeout_seconds=SETTINGS.scrape_timeout_seconds)
+    memo = reconcile.JobMemo()
+
+    def one_pass(settings: OperatorSettings) -> reconcile.PassResult:
+        body = json.loads(cluster.kubectl("get", "rtj", "moved", "-n", namespace, "-o",
+                                          "json").stdout)
+        return asyncio.run(reconcile.run_pass(body=body, memo=memo, api=cluster.api_client(),
+                                              settings=settings, scraper=scraper))
+
+    def stored() -> tuple[dict[str, Any], str]:
+        policy = json.loads(cluster.kubectl("get", "networkpolicy", "moved", "-n", namespace,
+                                            "-o", "json").stdout)
+        service = json.loads(cluster.kubectl("get", "service", "moved", "-n", namespace, "-o",
+                                             "json").stdout)
+        return policy, service["metadata"]["annotations"]["training.resilient.dev/network-policy"]
+
+    one_pass(SETTINGS)
+    before, digest = stored()
+    assert len(before["spec"]["ingress"]) == 1  # no operator rule: no operator namespace
+    moved = replace(SETTINGS, network_policy_operator_namespace="rtj-system",
+                    network_policy_operator_labels="app.kubernetes.io/name=rtj-operator")
+    result = one_pass(moved)
+    after, new_digest = stored()
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]  # replaced in place
+    assert new_digest != digest
+    assert after["spec"]["ingress"][1]["from"][0] == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rtj-system"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rtj-operator"}}}
+    assert [e.reason for e in result.events].count("NetworkPolicyUpdated") == 1
+    deadline = time.monotonic() + 10
+    while True:  # the next pass lists the Service with the new digest: nothing more to do
+        again = one_pass(moved)
+        if "NetworkPolicyUpdated" not in [e.reason for e in again.events]:
+            break
+        assert time.monotonic() < deadline, "the policy was rendered again and again"
+    assert stored()[0]["metadata"]["resourceVersion"] == after["metadata"]["resourceVersion"]
+
+
 # --- the ValidatingAdmissionPolicy example ------------------------------------------------------
 
 

@@ -8,10 +8,11 @@ feeding a decision's `memory` into the next call, as the operator does. `decide`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from rtj_operator import builders
 from rtj_operator import decisions as d
 from rtj_operator.api.models import parse_job, parse_status
 from rtj_operator.api.status import ResilientTrainingJobStatus
@@ -151,7 +152,13 @@ def answering(observed: Observed | None = None) -> dict[int, NodeLiveness]:
 
 def decide(j: Any, observed: Observed, *, now: datetime = T0, liveness: Any = None,
            memory: d.Memory | None = None, queue: QueueView | None = None) -> Outcome:
-    decision = Outcome(d.decide(job=j, plan=plan_for(j, SETTINGS), observed=observed,
+    plan = plan_for(j, SETTINGS)
+    if observed.headless_service and observed.network_policy is None:
+        # The headless Service as this operator makes it: it records the job's policy digest.
+        digest = builders.network_policy_digest(
+            builders.network_policy(j, plan=plan, settings=SETTINGS))
+        observed = replace(observed, network_policy=digest)
+    decision = Outcome(d.decide(job=j, plan=plan, observed=observed,
                                 liveness=liveness or {}, now=now,
                                 memory=memory or d.Memory(), settings=SETTINGS, queue=queue))
     status_model(decision.status)  # every status we write is valid for the API

@@ -9,9 +9,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from rtj_operator import builders
 from rtj_operator import decisions as d
 from rtj_operator.api.vocabulary import Reason
-from rtj_operator.intents import CreateObject, DeleteJob, DeletePod, SetClaimOwner
+from rtj_operator.intents import (
+    CreateObject,
+    DeleteJob,
+    DeletePod,
+    SetClaimOwner,
+    SyncNetworkPolicy,
+)
 from rtj_operator.observed import ClaimView
 from rtj_operator.podplan import plan_for
 from rtj_wire.termination import TerminationMessage
@@ -316,6 +323,61 @@ def test_the_network_policy_is_created_with_the_headless_service_unless_switched
                         liveness={}, now=T0, memory=d.Memory(), settings=off)
     assert not [a for a in decision.of_type(CreateObject) if a.kind == "NetworkPolicy"]
     assert "NetworkPolicy/tiny" not in created(decide(job(), world()))  # services exist
+
+
+def _decide_with(settings: Any, observed: Any) -> Any:
+    j = job()
+    return d.decide(job=j, plan=plan_for(j, settings), observed=observed, liveness={}, now=T0,
+                    memory=d.Memory(), settings=settings)
+
+
+def test_the_headless_service_records_the_digest_of_the_network_policy_made_with_it() -> None:
+    decision = decide(job(), world(services=False))
+    made = {a.name + "/" + a.kind: a.manifest for a in decision.of_type(CreateObject)}
+    policy, service = made["tiny/NetworkPolicy"], made["tiny/Service"]
+    digest = builders.network_policy_digest(policy)
+    assert service["metadata"]["annotations"] == {
+        "training.resilient.dev/network-policy": digest}
+    assert len(digest) == 16
+
+
+def test_a_network_policy_rendered_from_older_settings_is_rendered_again() -> None:
+    # review-2 F7: the policy was made once and never compared; an operator moved to another
+    # namespace (or a Prometheus named later) could read no pod of a running job.
+    moved = replace(SETTINGS, network_policy_operator_namespace="rtj-system",
+                    network_policy_operator_labels="app.kubernetes.io/name=rtj-operator")
+    j = job()
+    old = builders.network_policy_digest(
+        builders.network_policy(j, plan=plan_for(j, SETTINGS), settings=SETTINGS))
+    decision = _decide_with(moved, replace(running_world(), network_policy=old))
+    syncs = [a for a in decision.actions if isinstance(a, SyncNetworkPolicy)]
+    assert len(syncs) == 1
+    sync = syncs[0]
+    assert sync.service == "tiny" and sync.manifest["metadata"]["name"] == "tiny"
+    assert sync.digest == builders.network_policy_digest(sync.manifest) != old
+    operator_rule = sync.manifest["spec"]["ingress"][1]
+    assert operator_rule["from"][0]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "rtj-system"}}
+    assert [e.reason for e in decision.events].count("NetworkPolicyUpdated") == 1
+    assert not decision.of_type(CreateObject)  # nothing else is made again
+    # Once the Service records the new digest, nothing more is done.
+    settled = _decide_with(moved, replace(running_world(), network_policy=sync.digest))
+    assert not [a for a in settled.actions if isinstance(a, SyncNetworkPolicy)]
+
+
+def test_a_service_made_before_digests_were_recorded_gets_its_policy_rendered_once() -> None:
+    decision = _decide_with(SETTINGS, running_world())  # no annotation on the Service
+    syncs = [a for a in decision.actions if isinstance(a, SyncNetworkPolicy)]
+    assert len(syncs) == 1
+    assert "NetworkPolicyUpdated" not in [e.reason for e in decision.events]  # a quiet upgrade
+
+
+def test_with_network_policies_off_an_existing_policy_is_left_alone() -> None:
+    off = replace(SETTINGS, network_policy=False)
+    decision = _decide_with(off, replace(running_world(), network_policy="0123456789abcdef"))
+    assert not [a for a in decision.actions if isinstance(a, SyncNetworkPolicy)]
+    made = decide(job(), world(services=False))
+    assert made.of_type(CreateObject)  # (the default settings make one)
 
 
 # --- a pod lost after training finished on every rank ---------------------------------------------

@@ -57,6 +57,18 @@ def test_a_bad_setting_is_an_error_that_names_the_variable(
     assert expected in str(error.value)
 
 
+def test_an_operator_in_a_pod_that_writes_network_policies_must_name_its_namespace() -> None:
+    # review-2 F7: in a pod, with policies on and no operator namespace, no job's policy would
+    # admit the operator; on an enforcing CNI it could read no trainer pod.
+    in_pod = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}
+    with pytest.raises(ConfigurationError) as error:
+        load_settings(in_pod)
+    assert "RTJ_OPERATOR_NETWORK_POLICY_OPERATOR_NAMESPACE" in str(error.value)
+    assert load_settings({**in_pod, "RTJ_OPERATOR_NETWORK_POLICY_OPERATOR_NAMESPACE": "rtj"})
+    assert not load_settings({**in_pod, "RTJ_OPERATOR_NETWORK_POLICY": "false"}).network_policy
+    assert load_settings({}).network_policy  # outside a pod (a developer's, the harness's)
+
+
 def test_liveness_endpoint_is_off_with_port_zero() -> None:
     assert OperatorSettings(liveness_port=0).liveness_endpoint() is None
     assert OperatorSettings().liveness_endpoint() == "http://127.0.0.1:8091/healthz"

@@ -71,6 +71,23 @@ def test_the_ports_the_services_were_created_with_survive_the_watch_cache() -> N
                          services=[]).service_ports == {}
 
 
+def test_the_network_policy_digest_on_the_headless_service_survives_the_watch_cache() -> None:
+    service = {"metadata": {"name": "j", "annotations": {
+        "training.resilient.dev/network-policy": "0123456789abcdef",
+        "kubectl.kubernetes.io/last-applied-configuration": "{...}"}},
+        "spec": {"clusterIP": "None"}}
+    slim = slim_object(service)
+    assert slim["metadata"]["annotations"] == {  # only ours is kept
+        "training.resilient.dev/network-policy": "0123456789abcdef"}
+    observed = observed_from(job_name="j", job_uid="u", pods=[], claims=[], services=[slim])
+    assert observed.network_policy == "0123456789abcdef"
+    other = {"metadata": {"name": "j-rdzv", "annotations": {
+        "training.resilient.dev/network-policy": "ffff"}}}
+    assert observed_from(job_name="j", job_uid="u", pods=[], claims=[],
+                         services=[slim_object(other), {"metadata": {"name": "j"}}]
+                         ).network_policy is None
+
+
 # --- nodes, and pods that do not start ----------------------------------------------------------
 
 LOST_NODE_JSON = {

@@ -21,7 +21,7 @@ from rtj_operator.decisions.podfaults import (
     training_finished,
 )
 from rtj_operator.decisions.state import Decision, Pass, from_unix, whole_second
-from rtj_operator.intents import DeleteJob, DeletePod, SetClaimOwner
+from rtj_operator.intents import DeleteJob, DeletePod, Manifest, SetClaimOwner, SyncNetworkPolicy
 from rtj_operator.launcher import NO_RESTART_EXIT_CODE, TRAINER_FATAL_EXIT_CODE
 
 # --- rule 1: finished ---------------------------------------------------------------------------
@@ -47,14 +47,19 @@ def finished(p: Pass) -> Decision:
 
 
 def ensure_services_and_claim(p: Pass) -> None:
+    policy = (builders.network_policy(p.job, plan=p.plan, settings=p.settings)
+              if p.settings.network_policy else None)
+    digest = builders.network_policy_digest(policy) if policy is not None else None
     if not p.observed.headless_service:
         # The NetworkPolicy goes with the headless Service: the operator lists only pods,
-        # services and claims, so a policy deleted by hand comes back with that Service.
-        if p.settings.network_policy:
-            p.create(builders.network_policy(p.job, plan=p.plan, settings=p.settings),
-                     "ingress only from the job's own pods and the operator")
-        p.create(builders.headless_service(p.job, settings=p.settings),
+        # services and claims, so a policy deleted by hand comes back with that Service, and
+        # the Service records which policy was rendered (its annotation).
+        if policy is not None:
+            p.create(policy, "ingress only from the job's own pods and the operator")
+        p.create(builders.headless_service(p.job, settings=p.settings, network_policy=digest),
                  "DNS names for the trainer pods")
+    elif policy is not None and digest is not None and p.observed.network_policy != digest:
+        _sync_network_policy(p, policy, digest)
     if not p.observed.rendezvous_service:
         p.create(builders.rendezvous_service(p.job, settings=p.settings),
                  "the rendezvous endpoint of ft_launcher")
@@ -74,6 +79,20 @@ def ensure_services_and_claim(p: Pass) -> None:
         p.event("Normal", "ClaimDeletePolicy",
                 f"Claim {claim.name} is {'owned by' if should_own else 'released from'} the job "
                 f"(claimDeletePolicy {checkpoint.effective_claim_delete_policy})")
+
+
+def _sync_network_policy(p: Pass, policy: Manifest, digest: str) -> None:
+    """The job's NetworkPolicy was rendered from other settings than the operator's now (its
+    namespace or labels, a Prometheus's, the ranks' ports), or by an operator that did not
+    record it: render it again, or a moved operator could read no pod (review-2 F7). With
+    `network_policy` off, a policy made earlier is left alone (the operator may hold no right
+    on policies then) and goes with the job."""
+    p.actions.append(SyncNetworkPolicy(policy, naming.headless_service_name(p.job.name), digest))
+    if p.observed.network_policy is not None:
+        p.event("Normal", "NetworkPolicyUpdated",
+                f"NetworkPolicy {policy['metadata']['name']} rendered again: it no longer "
+                f"matched the operator's settings (the operator's or Prometheus's namespace "
+                f"or labels, or the ranks' ports)")
 
 
 # --- rule 3: suspend ----------------------------------------------------------------------------
