@@ -30,7 +30,7 @@ from . import termination
 from .config import build_config, launch_environment
 from .errors import FATAL_EXIT_CODE, FatalError
 from .presets import PRESETS
-from .stop import STOP, exit_now, exit_soon, stop_exit_code
+from .stop import STOP, STOP_NOT_COMMITTED, exit_now, exit_soon, stop_exit_code
 from .stop import register as register_stop_signal
 
 if TYPE_CHECKING:
@@ -113,14 +113,28 @@ def fatal(exc: FatalError) -> int:
 
 
 def stopped(finished: Finished) -> int:
-    """The step loop stopped after committing a checkpoint (rtj_trainer.stop); called inside the
-    in-process wrapper, at once. A worker that was asked to stop exits 0 and (local rank 0) says
-    so in the termination message; one that stopped because a peer was asked exits
-    PEER_STOPPED_EXIT_CODE, so that its launcher, which was not asked to stop, restarts it.
+    """The step loop stopped after committing a checkpoint (rtj_trainer.stop), or after its
+    budget ran out first (`Finished.stop_committed`: the message then claims no committed step);
+    called inside the in-process wrapper, at once. A worker that was asked to stop exits 0 and
+    (local rank 0) says so in the termination message; one that stopped because a peer was
+    asked exits PEER_STOPPED_EXIT_CODE, so that its launcher, which was not asked to stop,
+    restarts it.
     Either way the process ends with that code within `stop.EXIT_AFTER_STOP_SECONDS`, whether or
     not the wrapper lets it go (`stop.exit_soon`). Returns the exit code."""
     asked = STOP.requested
-    if asked:
+    if asked and not finished.stop_committed:
+        # No committed step is claimed: the operator records no stop, and the job resumes
+        # from its newest commit (`finished.committed_step`, named in the message only).
+        report_termination(termination.TerminationMessage(
+            outcome=termination.STOPPED, step=finished.step,
+            reason=STOP_NOT_COMMITTED,
+            message=(f"asked to stop after step {finished.step}, but its checkpoint was not "
+                     "committed before the pod's termination budget ran out (a rank killed "
+                     "before it wrote its shard?); the newest commit is step "
+                     f"{finished.committed_step}"),
+            exit_code=0,
+        ))
+    elif asked:
         report_termination(termination.TerminationMessage(
             outcome=termination.STOPPED, step=finished.step,
             committed_step=finished.committed_step, committed_time=finished.committed_time,
@@ -132,8 +146,10 @@ def stopped(finished: Finished) -> int:
                      f"{', as was every rank' if finished.everyone_stopped else ''})"),
             exit_code=0,
         ))
-    log.info("stopped at step %d (checkpoint of step %s committed): %s", finished.step,
-             finished.committed_step,
+    log.info("stopped at step %d (%s): %s", finished.step,
+             f"checkpoint of step {finished.committed_step} committed"
+             if finished.stop_committed else
+             f"its checkpoint not committed; newest commit: step {finished.committed_step}",
              "asked to stop" if asked else f"a peer was asked to stop; exiting "
              f"{PEER_STOPPED_EXIT_CODE} so that ft_launcher restarts this worker",
              extra={"rank": launch_environment().rank})

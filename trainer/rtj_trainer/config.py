@@ -34,6 +34,7 @@ from rtj_wire import env as wire_env
 from .errors import FatalError
 from .faults import Fault, FaultSpecError, parse_faults
 from .presets import PRESETS
+from .stop import TERM_TIMEOUT_ENV
 
 
 class ConfigError(FatalError, ValueError):
@@ -200,6 +201,13 @@ class CheckpointConfig(_Section):
     thread is abandoned and reported, as one with an error record is (a write that failed and
     could not leave its `.error` either: EIO, ENOSPC, ESTALE, the directory gone). Later saves
     then commit; the run's last save, abandoned, fails the attempt (it restarts)."""
+    stop_timeout_seconds: float = Field(default=120.0, gt=0)
+    """How long a stop (rtj_trainer.stop) may take, from the signal: ft_launcher's
+    `--term-timeout`, after which it SIGKILLs the worker (the launcher shim passes it to its
+    workers as RTJ_TERM_TIMEOUT_SECONDS; the default is for a worker run without the shim). A
+    stop waits for its checkpoint until this, less the time since the signal and a margin for
+    leaving; past that it stops without it (its `committedStep` is null) instead of waiting out
+    `commit_timeout_seconds` for a rank that was killed before it wrote its shard."""
     test_write_delay_seconds: float = Field(default=0.0, ge=0)
     """Testing knob: the writer sleeps this long before writing, to widen the mid-save window."""
 
@@ -346,6 +354,10 @@ OPERATOR_ENV: dict[str, str] = {
     wire_env.FAULT_INJECTION: "fault_injection",
     wire_env.LOG_LEVEL: "train.log_level",
 }
+LAUNCHER_ENV: dict[str, str] = {
+    TERM_TIMEOUT_ENV: "checkpoint.stop_timeout_seconds",
+}
+"""What the launcher shim (rtj_trainer.launcher) sets for its workers -> config path."""
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -370,9 +382,10 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def environment_overrides(source: Mapping[str, str]) -> dict[str, Any]:
-    """The operator's variables that are set (and non-empty), as a nested override dict."""
+    """The operator's (and the launcher shim's) variables that are set (and non-empty), as a
+    nested override dict."""
     tree: dict[str, Any] = {}
-    for var, path in OPERATOR_ENV.items():
+    for var, path in {**OPERATOR_ENV, **LAUNCHER_ENV}.items():
         value = source.get(var)
         if value is not None and (value != "" or var == wire_env.TRAINER_FAULTS):
             _set_path(tree, path, value)

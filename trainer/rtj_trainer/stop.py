@@ -19,6 +19,17 @@ step loop. A second reduce after the commit tells whether every rank was signall
 was stopped: a suspend, preemption or deletion) or only some (a drain or an eviction of some
 pods: the others must be restarted).
 
+**A stop's wait is bounded.** A signalled worker lives at most `--term-timeout` after the signal
+(then ft_launcher SIGKILLs it), and one killed before its shard is written leaves no record:
+the others would wait out the commit deadline (`checkpoint.commit_timeout_seconds`, 10 minutes)
+for a save that can never commit. So before it saves, every rank works out how long it may still
+wait (`stop_budget`: `checkpoint.stop_timeout_seconds`, which the launcher shim sets from its
+`--term-timeout` through `TERM_TIMEOUT_ENV`, less the time since its signal and a margin) and the
+ranks take the smallest (`StopAgreement.common_budget`, one all-reduce), so that they all give
+up at the same moment. A stop that gives up reports no committed step (the termination message's
+`committedStep` is null: the operator records no stop), joins no further collective (a peer may
+be gone) and exits as a stop does; the next attempt resumes from the newest commit.
+
 **How the worker exits.** A rank that was signalled itself exits 0 and local rank 0 writes the
 termination message with outcome `Stopped` (the step, the committed step); its launcher, already
 shutting down, exits 0 as well. A rank that stopped only because a peer was signalled exits with
@@ -64,9 +75,28 @@ the process as SIGTERM would); the pod's contract (rtj_wire.pod).
 `PEER_STOPPED_EXIT_CODE` (rtj_wire.pod): a worker that checkpointed and stopped because another
 rank was asked to stop (its own pod runs on): not 0, so that its ft_launcher restarts it into the
 next rendezvous round."""
+TERM_TIMEOUT_ENV = "RTJ_TERM_TIMEOUT_SECONDS"
+"""Set by the launcher shim for its workers from ft_launcher's `--term-timeout` (rtj_trainer.
+launcher.shim); read as `checkpoint.stop_timeout_seconds` (rtj_trainer.config). Between the shim and
+its workers only (train-local.sh passes the same variable as the flag)."""
+STOP_NOT_COMMITTED = "StopCheckpointNotCommitted"
+"""The termination message's reason when a stop gave up its checkpoint (no `committedStep`)."""
+STOP_MARGIN_SECONDS = 5.0
+"""Of the stop's budget, kept for leaving (the termination message, the exit) before ft_launcher's
+SIGKILL; a tenth of the budget when that is less."""
 EXIT_AFTER_STOP_SECONDS = 10.0
 """How long a worker that stopped (its checkpoint committed, its termination message written)
 may take to leave the in-process wrapper before it ends itself with its exit code."""
+
+
+def stop_budget(timeout_seconds: float, *, requested_at: float | None, now: float) -> float:
+    """Seconds this rank may still spend on a stop's checkpoint: `timeout_seconds` (the
+    launcher's `--term-timeout`) less the time since this rank's own signal (`requested_at`,
+    unix time; None: a peer's signal stopped it, so it learned of the stop just now) and the
+    margin for leaving; at least a second."""
+    elapsed = 0.0 if requested_at is None else max(0.0, now - requested_at)
+    margin = min(STOP_MARGIN_SECONDS, timeout_seconds / 10)
+    return max(1.0, timeout_seconds - elapsed - margin)
 
 
 def register(env: dict[str, str] | None = None) -> bool:
@@ -227,6 +257,14 @@ class StopAgreement:
         any_rank, all_ranks = self._reduce(mine, mine)
         self.checks += 1
         return Verdict(stop=any_rank > 0, everyone=all_ranks > 0)
+
+    def common_budget(self, seconds: float) -> float:
+        """Collective (every rank, at the same point): the smallest of every rank's `seconds`
+        (`stop_budget`), so that every rank gives up waiting for a stop's checkpoint at the same
+        moment and none is left in a collective with a peer that already left."""
+        millis = max(0, min(int(seconds * 1000), 2**31 - 1))
+        _, least = self._reduce(millis, millis)
+        return least / 1000
 
     def should_stop(self, step: int, steps_this_attempt: int) -> bool:
         """After `step` (the `steps_this_attempt`-th step of this attempt) completed."""

@@ -9,7 +9,8 @@ returns where it ended (`Finished`: the summary on rank 0, and on every rank the
 the newest committed checkpoint, for the pod's termination message).
 
 A SIGTERM inside the step loop ends it early, on every rank at the same step, after a
-checkpoint of that step is committed (rtj_trainer.stop); `Finished.stopped` says so.
+checkpoint of that step is committed (rtj_trainer.stop); `Finished.stopped` says so
+(`Finished.stop_committed` is False when the stop's budget ran out before the commit).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class Finished:
     """The loop stopped early, after committing the checkpoint of `step` (rtj_trainer.stop)."""
     everyone_stopped: bool = False
     """...and every rank of the job had been asked to stop (not only some pods)."""
+    stop_committed: bool = True
+    """False: the stop gave up waiting for the checkpoint of `step` (its budget ran out, or the
+    save was abandoned); `committed_step` is an older commit, or None."""
 
 
 def pace(until: float, *, slice_seconds: float = 0.05) -> None:
@@ -83,7 +87,8 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
                 committed_step, committed_time, committed_dir = trainer.newest_commit()
                 return Finished(summary=None, step=step, committed_step=committed_step,
                                 committed_time=committed_time, committed_dir=committed_dir,
-                                stopped=True, everyone_stopped=everyone)
+                                stopped=True, everyone_stopped=everyone,
+                                stop_committed=trainer.stop_committed)
         loop_seconds = time.perf_counter() - loop_began
         trainer.finish()
         injector.maybe_fire(cfg.train.steps + 1)  # a fault on the way out (faults.py)

@@ -26,7 +26,13 @@ import torch
 import torch.distributed as dist
 
 from . import hfmodel, parallel, timeline
-from .checkpoint import Checkpointer, close_interrupted, job_identity, stage_offered
+from .checkpoint import (
+    Checkpointer,
+    CommitTimeoutError,
+    close_interrupted,
+    job_identity,
+    stage_offered,
+)
 from .checkpoint.store import read_commit_log
 from .config import Config
 from .data import TokenBatches
@@ -35,7 +41,7 @@ from .gloocut import GlooConnections
 from .ledger import LEDGER_FILE, Ledger, advance_ledger
 from .metrics import Snapshot
 from .resiliency import Session
-from .stop import StopAgreement
+from .stop import STOP, StopAgreement, stop_budget
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +184,8 @@ class Trainer:
         self._losses: IO[str] | None = None
         self._finished = False
         """`finish` ran: every checkpoint is committed and the node-local copies can go."""
+        self.stop_committed = True
+        """False once a stop gave up waiting for its checkpoint (`stop`)."""
         self._interruptible = cfg.resiliency.inprocess_restart and ctx.device.type == "cuda"
         """Wait for the GPU at points within a step (in-process restart: parallel.train_step)."""
         self._keeps_live_state = bool(session.restarts_in_process
@@ -336,16 +344,17 @@ class Trainer:
         last = step == self.cfg.train.steps
         return bool(interval and step % interval == 0) or (last and self.cfg.checkpoint.save_final)
 
-    def save(self, step: int, *, fail: str | None = None) -> None:
+    def save(self, step: int, *, fail: str | None = None, deadline: float | None = None) -> None:
         """Start a checkpoint of `step`; the step loop is blocked for state_dict + staging.
-        `fail`: an injected write fault (rtj_trainer.faults.FaultInjector.write_fault)."""
+        `fail`: an injected write fault (rtj_trainer.faults.FaultInjector.write_fault).
+        `deadline`: a stop's (Checkpointer.save)."""
         began = time.perf_counter()
         with self.session.section("checkpoint"), self.session.atomic():
             state = self.state_dict()
             # The last step's save is waited for and its node-local copies discarded (finish):
             # a copy would only delay its commit (one rank of the 1B model: 11.3 GB to /dev/shm).
             self.checkpointer.save(step, state, local_copy=step != self.cfg.train.steps,
-                                   fail=fail)
+                                   fail=fail, deadline=deadline)
             del state
         self.saved_step = step
         stall = time.perf_counter() - began  # state_dict + staging (+ sync write)
@@ -382,13 +391,38 @@ class Trainer:
         """Every rank agreed to stop after `step` (rtj_trainer.stop): save it unless it is saved
         already, wait until rank 0 committed it, and tell whether every rank was asked to stop
         (then rank 0 records the stop in the ledger: the next attempt is a resume, not a
-        restart). Returns that verdict, the same on every rank."""
+        restart). Returns that verdict, the same on every rank.
+
+        The wait is bounded by the stop's budget (`stop.stop_budget`: the launcher's
+        `--term-timeout` less the time since the signal, the same on every rank), not by the
+        commit deadline: a rank SIGKILLed before its shard was written would otherwise hold the
+        others for `commit_timeout_seconds`. Past it `stop_committed` is False, no rank claims
+        the step committed, and no rank joins another collective (a peer may be gone): the
+        verdict is then False."""
         began = time.perf_counter()
-        if self.saved_step != step and self.cfg.checkpoint.interval_steps:
-            self.save(step)
+        budget = agreement.common_budget(stop_budget(
+            self.cfg.checkpoint.stop_timeout_seconds, requested_at=STOP.requested_at,
+            now=time.time()))
+        deadline = time.monotonic() + budget
+        saves = bool(self.cfg.checkpoint.interval_steps)
         self._close_losses()
         with self.session.section("checkpoint"):
-            self.checkpointer.wait_until_committed()
+            try:
+                if self.saved_step != step and saves:
+                    self.save(step, deadline=deadline)
+            except CommitTimeoutError as exc:
+                log.error("the stop checkpoint of step %d could not be started in time (%s)",
+                          step, exc, extra={"rank": self.rank})
+                self.stop_committed = False
+            else:
+                self.stop_committed = self.checkpointer.wait_for_stop(
+                    step if saves else None, deadline)
+        if not self.stop_committed:
+            if self.rank == 0:
+                log.info("stopped after step %d without its checkpoint, after %.3f s (budget "
+                         "%.0f s); newest commit: step %d", step, time.perf_counter() - began,
+                         budget, self.checkpointer.stats.committed_step)
+            return False
         everyone = agreement.verdict().everyone
         committed = self.checkpointer.stats.committed_step
         if self.rank == 0:
@@ -443,9 +477,13 @@ class Trainer:
         after `finish`, delete the node-local copies (after the summary: the job's result was
         committed, and deleting GBs of /dev/shm takes seconds)."""
         self._close_losses()
+        # A stop that gave up its checkpoint stops a writer still at it, and leaves the
+        # process group alone: a peer may be gone, and the process exits next.
+        clean = clean and self.stop_committed
         self.checkpointer.close(abort=not clean)
         if clean and self._finished:
             self.checkpointer.discard_local_copies()
+            self.checkpointer.release_lock()  # the job is done: the directory is free
         _release(self.ctx, self.session.carry.gloo, clean=clean)
 
     def snapshot(self) -> Snapshot:

@@ -6,7 +6,9 @@ The package, in dependency order (each module imports only those before it):
 - `format`: names, shard files, shard records, the manifest, digests (`FORMAT_VERSION`);
 - `writer`: the shard writer that runs in NVRx's persistent worker process;
 - `local`: node-local copies of each save (RAM), the fast tier of a resume;
-- `store`: the checkpoint directory: validate, commit, prune, the commit log;
+- `lock`: one job per checkpoint directory (`.rtj-lock`, taken by rank 0 at the start);
+- `store`: the checkpoint directory: validate, commit, prune (this job's directories only), the
+  commit log;
 - `committer`: rank 0's commit thread and the other ranks' view of its progress;
 - `loading`: which checkpoint every rank resumes from (`Resumable`);
 - `carried`: what a rank keeps across in-process restarts (rtj_trainer.carry): its writer, the
@@ -18,7 +20,7 @@ face.
 """
 
 from .carried import ProcessWriter, close_interrupted, expect_offer, stage_offered
-from .checkpointer import Checkpointer
+from .checkpointer import Checkpointer, CommitTimeoutError
 from .committer import COMMIT_PROGRESS, CheckpointStats, CommitProgressReader, CommitWorker
 from .format import (
     FORMAT_VERSION,
@@ -39,6 +41,7 @@ from .format import (
     step_of,
 )
 from .loading import LoadedCheckpoint
+from .lock import LOCK, DirectoryLock, read_holder
 from .staging import (
     HostStaging,
     TensorLayout,
@@ -50,11 +53,13 @@ from .staging import (
 )
 from .store import (
     ABANDONED,
+    OWNER,
     ResumePlan,
     commit,
     committed_checkpoints,
     failed_writes,
     is_abandoned,
+    mark_owner,
     newest_valid_checkpoint,
     prune,
     read_commit_log,
@@ -70,13 +75,17 @@ __all__ = [
     "ABANDONED",
     "COMMIT_PROGRESS",
     "FORMAT_VERSION",
+    "LOCK",
     "MANIFEST",
+    "OWNER",
     "CheckpointError",
     "CheckpointStats",
     "Checkpointer",
     "ChunkDigest",
     "CommitProgressReader",
+    "CommitTimeoutError",
     "CommitWorker",
+    "DirectoryLock",
     "HostStaging",
     "LoadedCheckpoint",
     "Manifest",
@@ -97,11 +106,13 @@ __all__ = [
     "flatten_state",
     "is_abandoned",
     "job_identity",
+    "mark_owner",
     "newest_valid_checkpoint",
     "plan_layout",
     "prune",
     "read_commit_log",
     "read_committed",
+    "read_holder",
     "read_manifest",
     "read_shard",
     "refuse_foreign_checkpoints",

@@ -18,7 +18,10 @@ Why this shape:
 - **Resume** (`load_latest`): rank 0 alone reads the manifests and scatters to each rank its own
   shard record per candidate (one collective); each rank checks only its own shard, and they
   agree with one all-reduce per candidate, falling back to the previous checkpoint if any rank
-  finds a problem.
+  finds a problem. Rank 0 first takes the directory's lock (rtj_trainer.checkpoint.lock): one
+  job per `checkpoint.path`.
+- **A stop's wait is bounded** (`wait_for_stop`): by the pod's termination budget, not the commit
+  deadline, so a rank killed in the middle of a stop does not hold the others for 10 minutes.
 - **A node-local fast tier** (`checkpoint.local_dir`, off by default; rtj_trainer.checkpoint.local):
   the writer also keeps each save in RAM on the node, and `load_latest` first asks every rank
   which local copies it holds; the newest one they all hold (if not older than the newest commit)
@@ -59,6 +62,7 @@ from .local import (
     local_copy_dir,
     remove_partial_copies,
 )
+from .lock import DirectoryLock
 from .staging import (
     HostStaging,
     Staged,
@@ -67,6 +71,7 @@ from .staging import (
     stage_to_host,
 )
 from .store import (
+    UNOWNED_AFTER_SECONDS,
     BackgroundDeleter,
     append_commit_log,
     prune,
@@ -75,6 +80,10 @@ from .store import (
 from .writer import write_shard
 
 log = logging.getLogger(__name__)
+
+
+class CommitTimeoutError(CheckpointError):
+    """A wait for commits (or for this rank's own write) ran past its deadline."""
 
 
 @dataclass(slots=True)
@@ -129,6 +138,10 @@ class Checkpointer(Resumable):
         self._pending: list[_Pending] = []
         self._resumed_from: Path | None = None
         """The checkpoint this attempt loaded: prune never deletes it."""
+        self._lock: DirectoryLock | None = None
+        """Rank 0's hold on the directory (taken by `load_latest`)."""
+        self._owners: dict[str, str] = {}
+        """The job of each committed checkpoint prune has looked at (a manifest never changes)."""
         self.carry = carry if carry is not None else CarryOver()
         """What this process's attempts hand on to each other (rtj_trainer.carry)."""
         self._writers = ProcessWriter(self.carry)
@@ -172,15 +185,20 @@ class Checkpointer(Resumable):
             self._last_keepalive = now
             self.keepalive()
 
-    def _wait_for_local_write(self) -> None:
-        """Block until this rank's in-flight writes are finalized (before reusing the buffer).
-        The writer's start-up request is not waited for: a write simply queues behind it."""
+    def _wait_for_local_write(self, deadline: float | None = None) -> None:
+        """Block until this rank's in-flight writes are finalized (before reusing the buffer),
+        or CommitTimeoutError past `deadline` (time.monotonic). The writer's start-up request is
+        not waited for: a write simply queues behind it."""
         while self._queue is not None and any(not p.written for p in self._pending):
             self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
             if all(p.written for p in self._pending):
                 break
             if asyncwriter.died(self._queue):
                 raise CheckpointError("the NVRx checkpoint writer process died")
+            if deadline is not None and time.monotonic() > deadline:
+                step = next(p.step for p in self._pending if not p.written)
+                raise CommitTimeoutError(f"this rank's write of checkpoint step {step} did not "
+                                         "finish in time")
             self._keep_alive()
             time.sleep(0.005)
 
@@ -193,13 +211,15 @@ class Checkpointer(Resumable):
         self._staging.ensure(plan_layout(tensors)[1], self.device)
 
     def save(self, step: int, state: dict[str, Any], *, local_copy: bool = True,
-             fail: str | None = None) -> float:
+             fail: str | None = None, deadline: float | None = None) -> float:
         """Start saving `state` for `step`; returns the seconds the step loop was blocked.
         `local_copy=False`: write no node-local copy of this save (the run's last save: the
         copies are discarded once it is committed, so writing one only delays the commit).
-        `fail`: an injected write fault (rtj_trainer.faults.FaultInjector.write_fault)."""
+        `fail`: an injected write fault (rtj_trainer.faults.FaultInjector.write_fault).
+        `deadline` (time.monotonic; a stop's): CommitTimeoutError when the previous write (or,
+        in sync mode, the commit) is not done by then."""
         began = time.perf_counter()
-        self._wait_for_local_write()
+        self._wait_for_local_write(deadline)
         waited = time.perf_counter()
         directory = self.root / checkpoint_dir_name(step, self.identity)
         directory.mkdir(parents=True, exist_ok=True)
@@ -236,8 +256,9 @@ class Checkpointer(Resumable):
             self._pending.append(pending)
             pending.stall_seconds = time.perf_counter() - began  # so far; the commit logs it
             dist.barrier()
-            if self.rank == 0:
-                self.wait_until_committed()  # sync mode: the commit is part of the save
+            if self.rank == 0:  # sync mode: the commit is part of the save
+                self.wait_until_committed(
+                    None if deadline is None else max(0.0, deadline - time.monotonic()))
             else:
                 self.poll()
         pending.stall_seconds = time.perf_counter() - began
@@ -281,6 +302,8 @@ class Checkpointer(Resumable):
         hand-over to the commit thread and a drain of its results (no file access); on the
         other ranks one `stat` of `commit-progress.json` while a save is pending."""
         self.stats.newly_committed = []
+        if self._lock is not None and (lost := self._lock.lost_error()) is not None:
+            raise lost  # another job took the directory over (fatal)
         if self._queue is not None and self._queue.get_num_unfinalized_calls():
             self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
         if not self._pending:
@@ -367,25 +390,51 @@ class Checkpointer(Resumable):
         append_commit_log(self.root, line)
         write_latest_committed_step(self.root, manifest.step)
         prune(self.root, keep=self.cfg.keep, delete=self._deleter, protect=self._resumed_from,
-              current_identity=self.identity)
+              current_identity=self.identity, job=self.job, owners=self._owners,
+              unowned_after_seconds=max(UNOWNED_AFTER_SECONDS,
+                                        2 * self.cfg.commit_timeout_seconds))
 
     def wait_until_committed(self, timeout_seconds: float | None = None) -> None:
         """Block until every save of this rank is resolved: committed, or abandoned (the caller
         compares `stats.committed_step` with the step it needs). By default rank 0's commit
         deadline (`commit_timeout_seconds`) comes first, with a minute for the other ranks to
-        read its verdict; past that, CheckpointError."""
+        read its verdict; past that, CommitTimeoutError (a CheckpointError)."""
         if timeout_seconds is None:
             timeout_seconds = self.cfg.commit_timeout_seconds + 60.0
         deadline = time.monotonic() + timeout_seconds
-        self._wait_for_local_write()
+        self._wait_for_local_write(deadline)
         while self._pending:
             self.poll()
             if not self._pending:
                 break
             if time.monotonic() > deadline:
-                raise CheckpointError(f"checkpoint step {self._pending[0].step} never committed")
+                raise CommitTimeoutError(
+                    f"checkpoint step {self._pending[0].step} never committed")
             self._keep_alive()
             time.sleep(0.01)
+
+    def wait_for_stop(self, step: int | None, deadline: float) -> bool:
+        """A stop's wait (rtj_trainer.stop): `wait_until_committed` until `deadline`
+        (time.monotonic; every rank has the same one: `StopAgreement.common_budget`), not the
+        commit deadline. True when every save is resolved and the stop's save of `step` (None:
+        the stop saved nothing) is committed. False when it is not: a rank's shard never came
+        by then (its pod was killed in the middle of the stop, a write is stuck) or the save was
+        abandoned; the stop then goes on without it, and the caller must neither claim the step
+        committed nor wait for it (or a peer that may be gone) again. A commit thread or writer
+        that failed still raises."""
+        try:
+            self.wait_until_committed(max(0.0, deadline - time.monotonic()))
+        except CommitTimeoutError as exc:
+            log.error("the stop checkpoint of step %s was not committed in time (%s): stopping "
+                      "without it; the next attempt resumes from step %d", step, exc,
+                      self.stats.committed_step, extra={"rank": self.rank})
+            return False
+        if step is not None and self.stats.committed_step < step:
+            log.error("the stop checkpoint of step %d was abandoned: stopping without it; the "
+                      "next attempt resumes from step %d", step, self.stats.committed_step,
+                      extra={"rank": self.rank})
+            return False
+        return True
 
     def wait_until_kept(self, step: int) -> None:
         """`wait_until_committed`, then CheckpointError unless the save of `step` is committed:
@@ -405,6 +454,13 @@ class Checkpointer(Resumable):
         if self._local is not None:
             discard_local_copies(self._local)
 
+    def release_lock(self) -> None:
+        """The job finished: rank 0 gives the directory's lock up (another job may use the
+        directory at once, not only once the lock is stale)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
     def close(self, *, abort: bool = False) -> None:
         """Stop the commit thread and the writer (`abort`: an in-process restart; an idle
         writer is kept for the next attempt, a busy one stopped) and, unless `abort`, release
@@ -414,6 +470,8 @@ class Checkpointer(Resumable):
         if self._committer is not None:
             self._committer.stop()
             self._committer = None
+        if self._lock is not None:
+            self._lock.stop()  # the lock stays: this job's next attempt takes it over
         if self._queue is not None:
             if abort and self._writer_idle():
                 self._writers.keep(self._queue)  # the next attempt's (ProcessWriter)
@@ -439,4 +497,5 @@ class Checkpointer(Resumable):
             self.carry.unclosed.remove(self)
 
 
-__all__ = ["CheckpointStats", "Checkpointer", "LoadedCheckpoint", "ProcessWriter"]
+__all__ = ["CheckpointStats", "Checkpointer", "CommitTimeoutError", "LoadedCheckpoint",
+           "ProcessWriter"]

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..files import write_json_atomic
 from .format import MANIFEST, Manifest
-from .store import abandon, commit, failed_writes, missing_records, record_listing
+from .store import abandon, commit, failed_writes, mark_owner, missing_records, record_listing
 
 
 @dataclass(slots=True)
@@ -114,10 +114,12 @@ class CommitOutcome:
 class CommitWorker:
     """Rank 0's commits on a daemon thread, off the step loop.
 
-    Saves are resolved one at a time in the order submitted (step order): the thread lists the
-    directory (one `readdir`) until every rank's record is there, then reads each record once and
-    writes the manifest (`commit`), runs `after_commit` (commit log, `latest-committed-step`,
-    prune), and writes `commit-progress.json`. A save with an error record is abandoned instead,
+    Saves are resolved one at a time in the order submitted (step order): the thread first
+    records that this job owns the save's directory (`store.mark_owner`: prune never deletes
+    another job's save in flight), then lists the directory (one `readdir`) until every rank's
+    record is there, then reads each record once and writes the manifest (`commit`), runs
+    `after_commit` (commit log, `latest-committed-step`, prune), and writes
+    `commit-progress.json`. A save with an error record is abandoned instead,
     so it never blocks later ones; so is one still missing a record `timeout_seconds` after it
     was submitted (a write that failed without leaving its error record). The step loop only
     drains `outcomes()`: no file access."""
@@ -172,6 +174,8 @@ class CommitWorker:
                 directory, step, context, submitted = self._jobs.get(timeout=0.2)
             except queue.Empty:
                 continue
+            with contextlib.suppress(OSError):  # best effort: prune then goes by its age
+                mark_owner(directory, job=self.job, identity=self.identity)
             outcome = None
             while outcome is None and not self._stop.is_set():
                 outcome = self._resolve(directory, step, context)
@@ -189,7 +193,7 @@ class CommitWorker:
                 return None
             if error_records:
                 errors = failed_writes(directory, world_size=self.world_size)
-                abandon(directory, "; ".join(errors))
+                abandon(directory, "; ".join(errors), job=self.job)
                 outcome = CommitOutcome(step, None, tuple(errors))
                 self._resolved[step] = (False, 0.0)
             else:
@@ -215,7 +219,7 @@ class CommitWorker:
                   f"record {self.timeout_seconds:g} s after the save (the write failed and "
                   "could not say so)")
         with contextlib.suppress(OSError):
-            abandon(directory, reason)
+            abandon(directory, reason, job=self.job)
         self._resolved[step] = (False, 0.0)
         try:
             self._publish()

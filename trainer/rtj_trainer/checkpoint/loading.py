@@ -32,6 +32,7 @@ from .format import (
     step_of,
 )
 from .local import LocalCopy, common_newest, local_copies
+from .lock import DirectoryLock
 from .staging import HostStaging, tensor_views, unflatten_state
 from .store import (
     ReshardPlan,
@@ -76,6 +77,8 @@ class Resumable:
     _local: Path | None
     _staging: HostStaging
     _resumed_from: Path | None
+    identity: str
+    _lock: DirectoryLock | None
 
     def _agree(self, ok: bool) -> bool:
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32,
@@ -86,12 +89,20 @@ class Resumable:
     def load_latest(self) -> LoadedCheckpoint | None:
         """Collective: the newest checkpoint that every rank finds valid, or None.
 
-        Rank 0 alone lists the store and reads the manifests (`store.resume_plans`), then
+        Rank 0 first takes the directory's lock (one job per directory: rtj_trainer.checkpoint.
+        lock), then alone lists the store and reads the manifests (`store.resume_plans`), then
         scatters to each rank the candidates and its own shard records (one collective); each
-        rank checks only its own shard, and one all-reduce per candidate agrees."""
+        rank checks only its own shard, and one all-reduce per candidate agrees. The fatal
+        refusals (another job's lock or checkpoints, another world size) reach every rank
+        through the same scatter."""
         plans: list[Any] | None = None
         if self.rank == 0:
+            lock = None
             try:
+                if self._lock is None:
+                    lock = DirectoryLock(self.root, job=self.job, identity=self.identity,
+                                         accepted=self.accepted_jobs)
+                    lock.take()
                 committed = read_committed(self.root)  # every manifest read once
                 refuse_foreign_checkpoints(self.root, job=self.job, accepted=self.accepted_jobs,
                                            committed=committed)
@@ -103,6 +114,12 @@ class Resumable:
                                          committed=committed)
             except (ForeignCheckpointError, WorldSizeChangedError) as exc:
                 plans = [(type(exc).__name__, str(exc))] * self.world_size
+                if lock is not None:
+                    lock.release()  # a job that cannot start does not hold the directory
+                    lock = None
+            if lock is not None:
+                self._lock = lock
+                lock.keep_alive()
         received: list[Any] = [None]
         dist.scatter_object_list(received, plans, src=0)
         plan = received[0]

@@ -30,11 +30,14 @@ worker gets by default. A worker that handles the checkpoint-and-stop signal say
 shim sends `rtj_wire.pod.CHECKPOINT_AND_STOP_SIGNAL` (SIGUSR2) first, to each worker process only
 (not its process group: the worker's checkpoint writer must outlive the signal), and waits up to
 `--term-timeout` for them to commit a checkpoint of their current step and exit (rtj_trainer.stop);
-whatever is left then gets ft_launcher's own SIGTERM and SIGKILL. A second SIGTERM meanwhile (the
-operator deleting a pod that is already stopping) does not cut the wait short. The same happens when
-the launcher loses the rendezvous store (its pod evicted, or lost): the launcher cannot go on, but
-its workers are healthy and their process group needs no store, so they checkpoint their current
-step first. Stopping workers to restart them after a fault is unchanged (SIGTERM: they die at once).
+whatever is left then gets ft_launcher's own SIGTERM and SIGKILL. The shim tells its workers that
+timeout (`stop.TERM_TIMEOUT_ENV`), so that a stop never waits for its checkpoint longer than it
+may live (a peer killed before it wrote its shard: rtj_trainer.stop). A second SIGTERM meanwhile
+(the operator deleting a pod that is already stopping) does not cut the wait short. The same
+happens when the launcher loses the rendezvous store (its pod evicted, or lost): the launcher
+cannot go on, but its workers are healthy and their process group needs no store, so they
+checkpoint their current step first. Stopping workers to restart them after a fault is
+unchanged (SIGTERM: they die at once).
 
 **Letting the local workers finish a stop.** When another pod's workers were asked to stop, every
 rank stops at the same step and this pod's workers exit with `PEER_STOPPED_EXIT_CODE` (95), one
@@ -129,6 +132,25 @@ def split_argv(argv: Sequence[str]) -> tuple[ShimOptions, list[str]]:
     return ShimOptions(frozenset(codes), barrier), rest
 
 
+TERM_TIMEOUT_FLAGS = ("--term-timeout", "--term_timeout")
+
+
+def term_timeout(launcher_args: Sequence[str]) -> str | None:
+    """ft_launcher's `--term-timeout` in its arguments (`--term-timeout=S` or `--term-timeout S`),
+    or None when it is not given (or not a number)."""
+    for index, arg in enumerate(launcher_args):
+        name, sep, value = arg.partition("=")
+        if name not in TERM_TIMEOUT_FLAGS:
+            continue
+        if not sep:
+            value = launcher_args[index + 1] if index + 1 < len(launcher_args) else ""
+        try:
+            return str(float(value)) if float(value) > 0 else None
+        except ValueError:
+            return None
+    return None
+
+
 def record_termination(failed: list[tuple[int, int]]) -> None:
     """Write the pod's termination message naming the first non-retryable worker exit, unless a
     worker already wrote one."""
@@ -184,6 +206,8 @@ def pod_local_directory(env: MutableMapping[str, str], name: str, purpose: str) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options, rest = split_argv(sys.argv[1:] if argv is None else argv)
+    if (timeout := term_timeout(rest)) is not None:
+        os.environ[stop.TERM_TIMEOUT_ENV] = timeout  # the workers' stop budget (rtj_trainer.stop)
     monitors = pod_local_directory(os.environ, monitorstate.MONITOR_STATE_DIR_ENV, "monitors")
     stoppable = pod_local_directory(os.environ, wire_env.STOP_SIGNAL_DIR, "stop")
     pod = podmetrics.start_from_environment(os.environ, rest, verdict_book(os.environ),

@@ -37,7 +37,7 @@ from torch.optim import Optimizer
 
 from .. import termination
 from ..carry import CarryOver
-from ..checkpoint import Checkpointer, job_identity
+from ..checkpoint import Checkpointer, CommitTimeoutError, job_identity
 from ..checkpoint.reshard import SHARDING
 from ..config import (
     CheckpointConfig,
@@ -51,7 +51,15 @@ from ..ledger import LEDGER_FILE, Ledger, advance_ledger
 from ..metrics import Snapshot, TrainerMetrics
 from ..nvrx import monitor
 from ..parallel import into_template, sharding, to_local
-from ..stop import STOP, StopAgreement, exit_now, stop_exit_code, torch_reduce
+from ..stop import (
+    STOP,
+    STOP_NOT_COMMITTED,
+    StopAgreement,
+    exit_now,
+    stop_budget,
+    stop_exit_code,
+    torch_reduce,
+)
 from ..stop import register as register_stop_signal
 
 log = logging.getLogger("rtj_trainer.lib")
@@ -73,6 +81,8 @@ class _Progress:
     stall_seconds: float = 0.0
     stopped: bool = False
     everyone_stopped: bool = False
+    stop_committed: bool = True
+    """False: the stop gave up waiting for its checkpoint (its budget ran out: `Run._stop`)."""
     ledger: Ledger | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -161,13 +171,14 @@ class Run:
             return True
         return False
 
-    def save(self, step: int, *, wait: bool = False) -> float:
+    def save(self, step: int, *, wait: bool = False, deadline: float | None = None) -> float:
         """Start an async checkpoint of `state` as step `step` (collective: every rank at the same
-        step); `wait`: until it is committed. Returns the seconds the caller was blocked."""
+        step); `wait`: until it is committed. Returns the seconds the caller was blocked.
+        `deadline`: a stop's (Checkpointer.save)."""
         if self.state is None:
             raise RuntimeError("rtj_trainer.lib: this run was started without a state to save")
         began = time.perf_counter()
-        self.checkpointer.save(step, self._flat_state(step))
+        self.checkpointer.save(step, self._flat_state(step), deadline=deadline)
         self._progress.saved_step = step
         if wait:
             self.checkpointer.wait_until_committed()
@@ -181,6 +192,9 @@ class Run:
         was asked to stop; 95: a peer was, and this worker's launcher restarts it)."""
         progress = self._progress
         STOP.disarm()
+        if progress.stopped and not progress.stop_committed:
+            self._stopped_without_checkpoint()
+            return
         if (self.state is not None and not progress.stopped and self.cfg.save_final
                 and progress.saved_step != progress.step and progress.step > self.start_step):
             self.save(progress.step)
@@ -208,17 +222,33 @@ class Run:
             committed_time=stats.committed_at or None, reason="Completed",
             message=f"training reached step {progress.step}", exit_code=0))
         self.checkpointer.discard_local_copies()
+        self.checkpointer.release_lock()  # the job is done: the directory is free
         self.close()
+
+    def _stopped_without_checkpoint(self) -> None:
+        """`finish` after a stop that gave up its checkpoint: no further wait and no collective
+        (a peer may be gone), a termination message that claims no committed step, a writer
+        still at it stopped, and the stop's exit."""
+        progress, stats = self._progress, self.checkpointer.stats
+        if STOP.requested:
+            self._report(termination.TerminationMessage(
+                outcome=termination.STOPPED, step=progress.step, reason=STOP_NOT_COMMITTED,
+                message=(f"asked to stop after step {progress.step}, but its checkpoint was not "
+                         "committed before the pod's termination budget ran out; the newest "
+                         f"commit is step {stats.committed_step}"), exit_code=0))
+        self.close(abort=True)
+        exit_now(stop_exit_code(STOP.requested))
 
     def committed(self, step: int, directory: str | None = None) -> None:
         """A checkpoint the script wrote on its own (the library started with no state) is
         committed: report it as the job's newest (`status.lastCheckpoint`)."""
         self._external = (step, time.time(), directory)
 
-    def close(self) -> None:
-        """Release the writer, the metrics endpoint and the rank-monitor connection."""
+    def close(self, *, abort: bool = False) -> None:
+        """Release the writer (`abort`: stop it even in the middle of a write), the metrics
+        endpoint and the rank-monitor connection."""
         self.metrics.unwatch()
-        self.checkpointer.close()
+        self.checkpointer.close(abort=abort)
         self.metrics.close()
         if self._client is not None and self._client.is_initialized:
             self._client.shutdown_workload_monitoring()
@@ -309,13 +339,25 @@ class Run:
         return step
 
     def _stop(self, step: int) -> None:
-        """Every rank agreed to stop after `step`: save it unless saved, wait for the commit."""
-        if self.state is not None and self._progress.saved_step != step and \
-                self.cfg.interval_steps:
-            self.save(step)
-        self.checkpointer.wait_until_committed()
-        self._progress.everyone_stopped = self._agreement.verdict().everyone
+        """Every rank agreed to stop after `step`: save it unless saved, wait for the commit,
+        within the stop's budget (rtj_trainer.stop, as `Trainer.stop`); past it the stop goes on
+        without its checkpoint (`stop_committed` False) and joins no further collective."""
+        budget = self._agreement.common_budget(stop_budget(
+            self.cfg.stop_timeout_seconds, requested_at=STOP.requested_at, now=time.time()))
+        deadline = time.monotonic() + budget
+        saves = self.state is not None and bool(self.cfg.interval_steps)
+        try:
+            if saves and self._progress.saved_step != step:
+                self.save(step, deadline=deadline)
+            committed = self.checkpointer.wait_for_stop(step if saves else None, deadline)
+        except CommitTimeoutError as exc:
+            log.error("the stop checkpoint of step %d could not be started in time (%s)", step,
+                      exc)
+            committed = False
         self._progress.stopped = True
+        self._progress.stop_committed = committed
+        if committed:
+            self._progress.everyone_stopped = self._agreement.verdict().everyone
         if self._client is not None and self._client.is_initialized:
             # The rank monitor was signalled with the launcher: leave it before the way out.
             self._client.shutdown_workload_monitoring()
