@@ -192,8 +192,6 @@ def test_inprocess_restart_recovers_an_exception_in_the_same_processes(
     # from the step-5 save: no step was computed twice.
     assert [e["step"] for e in losses] == list(range(1, STEPS + 1))
     assert "resumed from step-000000007" in out and "from the training state at the fault" in out
-    kept_state = [ln for ln in out.splitlines() if "kept the training state after step 7" in ln]
-    assert len(kept_state) == 2, kept_state
     # A rank's checkpoint writer that was idle at the restart outlived it; one still writing
     # (the step-5 save, a few milliseconds of tiny steps earlier, on a loaded machine) was
     # replaced. Both ranks said which, and only the replaced ones started a writer again.
@@ -203,6 +201,8 @@ def test_inprocess_restart_recovers_an_exception_in_the_same_processes(
         return {m.group(1) for ln in out.splitlines() if needle in ln
                 for m in [re.search(r"\[rtj-trainer rank (\d+)\]", ln)] if m}
 
+    # Both ranks kept their state (per rank, not a line count: a line may be said twice).
+    assert ranks("kept the training state after step 7") == {"0", "1"}
     kept = ranks("checkpoint writer kept for the next attempt")
     stopped = ranks("checkpoint writer stopped: a write was in flight")
     assert kept | stopped == {"0", "1"} and not kept & stopped, (kept, stopped)
