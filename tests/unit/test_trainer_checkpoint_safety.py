@@ -163,6 +163,22 @@ def test_a_resume_skips_a_planted_shard_with_forged_digests_and_runs_nothing(
     assert not marker.exists()
 
 
+def test_a_resume_that_fell_back_reports_the_checkpoint_it_stands_on(
+        tmp_path: Path, one_rank_group: None) -> None:
+    # review-2 F14, the trainer's half: the ranks reported the newest valid manifest (step 20)
+    # as their committed step although they resumed from step 10, so status.lastCheckpoint
+    # named the rejected step until the next commit.
+    older = save_checkpoint(tmp_path / "store", 10, world_size=1, job="ml/llama")
+    newest = save_checkpoint(tmp_path / "store", 20, world_size=1, job="ml/llama")
+    shard = newest / ck.shard_file_name(0, 1)
+    shard.write_bytes(shard.read_bytes()[:-8])  # a torn shard: its size no longer fits
+    checkpointer = _checkpointer(tmp_path / "store", "ml/llama")
+    loaded = checkpointer.load_latest()
+    assert loaded is not None and loaded.state["step"] == 10 and loaded.rejected
+    assert checkpointer.stats.committed_step == 10
+    assert checkpointer.stats.committed_at == ck.read_manifest(older).committed_at
+
+
 def test_the_manifest_names_the_job_that_wrote_it(tmp_path: Path) -> None:
     directory = save_checkpoint(tmp_path, 5, job="ml/llama")
     assert json.loads((directory / ck.MANIFEST).read_text())["job"] == "ml/llama"

@@ -27,6 +27,7 @@ from .format import (
     CheckpointError,
     ShardRecord,
     checkpoint_dir_name,
+    read_manifest,
     read_shard,
     shard_file_name,
     step_of,
@@ -217,8 +218,25 @@ class Resumable:
                 continue
             assert state is not None
             self._resumed_from = directory
+            if rejected:
+                self._note_fallback(directory)
             return LoadedCheckpoint(directory, True, state, tuple(rejected))
         return None
+
+    def _note_fallback(self, directory: Path) -> None:
+        """Newer committed checkpoints were rejected and the job resumed from `directory`: the
+        newest checkpoint the job stands on is this one now, so the rank reports it (its
+        `committed_step`, which the operator's status.lastCheckpoint follows down: review-2
+        F14), not the rejected one, until its next commit."""
+        step = step_of(directory.name)
+        if step is None or step >= self.stats.committed_step:
+            return
+        try:
+            committed_at = read_manifest(directory).committed_at
+        except CheckpointError:
+            committed_at = 0.0
+        self.stats.committed_step, self.stats.committed_at = step, committed_at
+        self.stats.committed_dir = directory
 
     def own_shard_problems(self, directory: Path, data: dict[str, Any] | None) -> list[str]:
         """Check this rank's shard in `directory` against the record rank 0 sent (`data`)."""
