@@ -11,6 +11,7 @@ import copy
 import json
 import re
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 import yaml
 from harness.cluster import Cluster
+from prometheus_client.parser import text_string_to_metric_families
 
 if TYPE_CHECKING:
     from e2e.conftest import OperatorProcess
@@ -26,6 +28,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROLE = "training.resilient.dev/role"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cpu-tiny.yaml"
+DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "rtj-operator" / "files" / \
+    "rtj-dashboard.json"
 T = TypeVar("T")
 
 
@@ -176,8 +180,16 @@ def test_a_killed_trainer_pod_is_replaced_alone_and_the_job_succeeds(
     wait_for("a committed checkpoint", lambda: (
         (status(cluster, ns, name).get("lastCheckpoint") or {}).get("step", 0) >= 20),
         timeout=300, context=context)
-    before = {n: p["metadata"]["uid"] for n, p in pods_by_role(cluster, ns, "trainer").items()}
+    trainers = pods_by_role(cluster, ns, "trainer")
+    before = {n: p["metadata"]["uid"] for n, p in trainers.items()}
     rdzv_before = [p["metadata"]["uid"] for p in pods_by_role(cluster, ns, "rendezvous").values()]
+    # Every rank's metrics, as a PodMonitor scrapes them (issue 31: the dashboard's panels).
+    ranks: list[Sample] = []
+    for pod_name, pod in trainers.items():
+        for port in pod["spec"]["containers"][0]["ports"]:
+            if port["name"].startswith("metrics-"):
+                ranks += scrape(f"http://{pod['status']['podIP']}:{port['containerPort']}"
+                                f"/metrics", {"namespace": ns, "pod": pod_name})
 
     cluster.nodes.kill_pod(ns, f"{name}-1")  # SIGKILL every process of the pod
 
@@ -208,6 +220,56 @@ def test_a_killed_trainer_pod_is_replaced_alone_and_the_job_succeeds(
     end = pods_by_role(cluster, ns, "trainer")
     assert end[f"{name}-0"]["metadata"]["uid"] == before[f"{name}-0"]
     assert rdzv_before and final["restarts"]["full"] == 0
+    # Every panel of the shipped dashboard has data for this job: the operator's metrics after
+    # the recovery, and the ranks' metrics scraped while they trained.
+    port = operator.env["RTJ_OPERATOR_METRICS_PORT"]
+    samples = scrape(f"http://127.0.0.1:{port}/metrics") + ranks
+    assert panels_without_data(samples, {"namespace": ns, "job_name": name}) == []
+    assert panels_without_data(samples, {"namespace": ns, "job_name": "another-job"})  # (checks)
+
+
+Sample = tuple[str, dict[str, str], float]
+METRIC = re.compile(r"\b(rtj_[a-z0-9_]+)\s*(\{[^}]*\})?")
+MATCHER = re.compile(r'([a-z_]+)\s*(=~|=)\s*"([^"]*)"')
+
+
+def scrape(url: str, target: dict[str, str] | None = None) -> list[Sample]:
+    """Every sample of a /metrics page; `target`: the labels Prometheus adds to a target's
+    series (a PodMonitor's `namespace` and `pod`)."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return [(s.name, {**s.labels, **(target or {})}, s.value)
+            for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def panels_without_data(samples: list[Sample], variables: dict[str, str]) -> list[str]:
+    """Each panel target of the shipped dashboard whose metrics no scraped sample could feed:
+    a sample of every metric it names, matching its label matchers (dashboard variables
+    substituted), carrying every label it aggregates by, with at least one observation for a
+    histogram quantile and a 1 for a `== 1` filter."""
+    problems = []
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            by = {label.strip() for group in re.findall(r"by \(([^)]*)\)", expr)
+                  for label in group.split(",")}
+            for name, selector in METRIC.findall(expr):
+                wanted = [(label, op, value.replace("$namespace", variables["namespace"])
+                           .replace("$job_name", variables["job_name"]))
+                          for label, op, value in MATCHER.findall(selector or "")]
+                found = [(labels, value) for sample, labels, value in samples
+                         if sample == name and all(
+                             (re.fullmatch(value, labels.get(label, "")) if op == "=~"
+                              else labels.get(label) == value) for label, op, value in wanted)]
+                found = [(labels, value) for labels, value in found
+                         if by - {"le"} <= set(labels)]
+                if name.endswith("_bucket"):
+                    count = name.removesuffix("_bucket") + "_count"
+                    found = found if any(s == count and v > 0 for s, _, v in samples) else []
+                if "== 1" in expr:
+                    found = [(labels, value) for labels, value in found if value == 1]
+                if not found:
+                    problems.append(f"{panel['title']}: no data for {name}{selector}")
+    return problems
 
 
 def checkpoint_dir(cluster: Cluster, ns: str, claim: str, job_name: str) -> Path:
