@@ -63,7 +63,8 @@ def main() -> int:
         leader.load_config()
         import kubernetes.client
 
-        elector = leader.LeaseElector(kubernetes.client.ApiClient(), settings)
+        elector = leader.LeaseElector(metrics.count_api_requests(kubernetes.client.ApiClient()),
+                                     settings)
         health = _serve_follower_health(settings)
         try:
             elector.acquire()

@@ -207,7 +207,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # kopf logs every timer run ("Timer 'reconcile' succeeded") at INFO; keep the decisions.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     leader.load_config()
-    memo["api"] = kubernetes.client.ApiClient()
+    memo["api"] = metrics.count_api_requests(kubernetes.client.ApiClient())
     # One node list for every job (kopf copies the memo per object, shallowly).
     memo["nodes"] = observe.NodeCache()
     # What pods that ended on purpose said, for every job (the pod watch records it).

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -85,6 +86,29 @@ RECOVERY_SECONDS = Histogram(
     buckets=(1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
     registry=REGISTRY,
 )
+
+API_REQUESTS = Counter(
+    "rtj_operator_api_requests",
+    "Kubernetes API requests made by the operator's own client (its passes' LISTs, creates, "
+    "deletes and status patches, the node list, the Lease), by HTTP verb; kopf's watches and "
+    "Event posts are not counted.",
+    ["verb"],
+    registry=REGISTRY,
+)
+
+
+def count_api_requests(api: Any) -> Any:
+    """`api` (a kubernetes ApiClient), its every request counted in API_REQUESTS."""
+    rest = api.rest_client
+    send = rest.request
+
+    def request(method: str, *args: Any, **kwargs: Any) -> Any:
+        API_REQUESTS.labels(str(method).upper()).inc()
+        return send(method, *args, **kwargs)
+
+    rest.request = request
+    return api
+
 
 _job_states: dict[str, str] = {}
 

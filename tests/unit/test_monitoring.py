@@ -113,3 +113,25 @@ def test_the_per_job_metrics_follow_the_status() -> None:
     after = metrics.RECOVERY_SECONDS.labels(action="RankRestart")._sum.get()
     assert after - before == pytest.approx(12.5)
     assert 'job_name="llama"' not in generate_latest(metrics.REGISTRY).decode()
+
+
+def test_every_request_of_the_operators_api_client_is_counted_by_verb() -> None:
+    import kubernetes.client
+    import urllib3
+
+    configuration = kubernetes.client.Configuration()
+    configuration.host = "http://127.0.0.1:9"  # discard: nothing answers
+    configuration.retries = False
+    api = metrics.count_api_requests(kubernetes.client.ApiClient(configuration))
+    core = kubernetes.client.CoreV1Api(api)
+
+    def count(verb: str) -> float:
+        return metrics.REGISTRY.get_sample_value("rtj_operator_api_requests_total",
+                                                 {"verb": verb}) or 0.0
+
+    lists, deletes = count("GET"), count("DELETE")
+    for call in (lambda: core.list_namespaced_pod("ns", _request_timeout=1),
+                 lambda: core.delete_namespaced_pod("p", "ns", _request_timeout=1)):
+        with pytest.raises(urllib3.exceptions.HTTPError):
+            call()
+    assert (count("GET"), count("DELETE")) == (lists + 1, deletes + 1)
