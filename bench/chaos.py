@@ -19,11 +19,38 @@ under ft_launcher, in-process restart on, checkpoints every `--checkpoint-interv
   it, then started again;
 - `writer-kill`: the asynchronous checkpoint writer process of one rank's pod is SIGKILLed.
 
+Storage faults, on a checkpoint step (the one nearest the planned step; a job's commit deadline,
+`checkpoint.commit_timeout_seconds`, is `--commit-timeout`, 20 s, not the trainer's 600 s):
+- `write-error`: `TRAINER_FAULTS`: one rank's shard write fails with EIO and leaves its `.error`
+  record;
+- `write-lost`: `TRAINER_FAULTS`: the shard write fails and leaves no record at all (EIO, ENOSPC,
+  ESTALE, the directory gone), so only the commit deadline gives the save up;
+- `checkpoint-dir-removed`: the campaign `rm -rf`s the job's newest checkpoint directory, still
+  being written or already committed, under the running job.
+Recovered: the job commits a checkpoint of a later step (seconds: fault -> that commit); a write
+fault with no restart before it (the trainer abandons the save and goes on). `write-lost` and
+`checkpoint-dir-removed` can hold later commits back for the deadline, so each is the last fault
+of its job, one a job.
+
+Control-plane faults, **each alone in a job of its own** (one fault, at step `--spacing` of
+2 x `--spacing`, paced at 2 s a step so the outage falls mid-training): the control plane is the
+whole cluster's, and a job's restarts are only the outage's doing when nothing else happens:
+- `apiserver-stop`: kube-apiserver is stopped for `--apiserver-down-seconds` (30), then started
+  again on the same port, certificates and etcd;
+- `etcd-restart`: etcd is stopped and started again on the same data directory;
+- `operator-conn-reset`: every TCP connection of the operator to kube-apiserver is reset
+  (`ss -K`; needs root or CAP_NET_ADMIN).
+Recovered: the job ends Succeeded with no restart from the fault on (status.restarts.total
+before and after); seconds: the server back -> the job's status caught up with the training done
+meanwhile (status.step at least rank 0's step at the return; the target is <= 10 s).
+
 For every fault it reports: recovered or not; the seconds from the fault to the first completed
-step after it (rank 0's `losses.jsonl`); the step training resumed from and the newest checkpoint
-committed when the fault happened; and the **steps lost beyond the last commit** (committed step
-minus resumed step, 0 when the job resumed from the newest commit). For every job: the final
-state, and whether the final loss is bit-identical to the reference job's.
+step after it (rank 0's `losses.jsonl`; the storage and control-plane faults: as above); the
+step training resumed from and the newest checkpoint committed when the fault happened; and the
+**steps lost beyond the last commit** (committed step minus resumed step, 0 when the job resumed
+from the newest commit or did not restart; a removed checkpoint no longer counts as committed).
+For every job: the final state, and whether the final loss is bit-identical to the reference
+job's.
 
 Targets (issue 11): every job Succeeded, 0 steps lost beyond the last committed checkpoint,
 final loss identical to the fault-free run.
@@ -32,15 +59,18 @@ The steps lost beyond the last commit compare the resumed step with the newest c
 manifest was committed before the fault (`read_commits`: the manifests' own `step` and
 `committed_at`).
 
-The whole campaign (100 faults of each kind, about 200 jobs) takes ten hours on a 2-core machine,
-more than one working session, so it can be run in shards that add up in one campaign file: each
-shard plans only the faults of each kind that the earlier shards have not injected yet, starts no
-new job after `--minutes`, records the commit it ran at, and rewrites the file after every job
-(a shard cut short keeps its finished jobs). The file's `summary` covers every shard.
+The first eight kinds' campaign (100 faults of each, about 200 jobs) took ten hours on a 2-core
+machine, more than one working session (and a control-plane fault's job alone takes 2-3
+minutes), so a campaign can be run in shards that add up in one campaign file: each shard plans
+only the faults of each kind that the earlier shards have not injected yet, starts no new job
+after `--minutes`, records the commit it ran at, and rewrites the file after every job (a shard
+cut short keeps its finished jobs). The file's `summary` covers every shard.
 
     python -m bench.chaos --faults-per-kind 100 --out bench/results/chaos.json  # all at once
     python -m bench.chaos --campaign bench/results/chaos-campaign.json --minutes 60  # a shard
     python -m bench.chaos --faults-per-kind 2 --out /tmp/chaos.json             # a smoke run
+    python -m bench.chaos --kinds write-error,write-lost,apiserver-stop --faults-per-kind 1 \
+        --out /tmp/chaos-storage.json                                            # some kinds
     python -m bench.chaos --campaign bench/results/chaos-campaign.json \
         --replay chaos-s0-1 --out /tmp/replay.json     # a recorded job's faults, again
 """
@@ -53,7 +83,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .chaos_campaign import Shard
+from .chaos_campaign import DEFAULT_COMMIT_TIMEOUT, Shard
 from .chaos_plan import KINDS, JobPlan, plan_campaign, plan_faults, replay_plans, still_to_run
 from .chaos_results import campaign_summary, passed, read_campaign, render
 from .common import add_output_arguments
@@ -79,6 +109,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="steps between two faults of a job (default 25)")
     parser.add_argument("--checkpoint-interval", type=int, default=10,
                         help="checkpoint.intervalSteps (default 10)")
+    parser.add_argument("--commit-timeout", type=float, default=DEFAULT_COMMIT_TIMEOUT,
+                        help="the jobs' checkpoint.commit_timeout_seconds (default "
+                             f"{DEFAULT_COMMIT_TIMEOUT:g}; the trainer's own: 600): how long a "
+                             "save whose shard write was lost (write-lost) blocks later commits")
+    parser.add_argument("--apiserver-down-seconds", type=float, default=30.0,
+                        help="how long apiserver-stop keeps kube-apiserver stopped (default 30)")
     parser.add_argument("--seed", type=int, default=11,
                         help="shuffle seed (default 11; with --campaign, plus the shard's number)")
     parser.add_argument("--job-timeout", type=float, default=900.0,
@@ -111,11 +147,12 @@ def plans_to_run(args: argparse.Namespace,
         return replay_plans(campaign, args.replay)
     if campaign is None:
         return plan_campaign(kinds, args.faults_per_kind, args.faults_per_job, args.spacing,
-                             args.seed)
+                             args.seed, interval=args.checkpoint_interval)
     number = len(campaign["shards"])
     done = [f for shard in campaign["shards"] for f in shard.get("faults", [])]
     return plan_faults(still_to_run(kinds, args.faults_per_kind, done), args.faults_per_job,
-                       args.spacing, args.seed + number, prefix=f"chaos-s{number}")
+                       args.spacing, args.seed + number, prefix=f"chaos-s{number}",
+                       interval=args.checkpoint_interval)
 
 
 def main(argv: list[str] | None = None) -> int:

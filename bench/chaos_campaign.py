@@ -19,11 +19,21 @@ from .chaos_results import FaultResult, analyse_fault, campaign_summary, final_l
 from .common import OPERATOR_SOURCES, REPO_ROOT, TRAINER_SOURCES, source_fingerprint, write_json
 from .kubejobs import example_job, result_header
 
+DEFAULT_COMMIT_TIMEOUT = 20.0
+"""`checkpoint.commit_timeout_seconds` of a campaign's jobs (the trainer's default: 600 s)."""
 
-def job_manifest(plan: JobPlan, interval: int) -> dict[str, Any]:
-    """examples/cpu-tiny.yaml with the plan's steps and trainer faults, budgets for a campaign."""
+
+def job_manifest(plan: JobPlan, interval: int,
+                 commit_timeout: float = DEFAULT_COMMIT_TIMEOUT) -> dict[str, Any]:
+    """examples/cpu-tiny.yaml with the plan's steps and trainer faults, budgets for a campaign,
+    the trainer's commit deadline at `commit_timeout` seconds (a lost shard write is given up
+    that long after the save, so the `write-lost` fault resolves within the job), and a
+    control-plane fault's job paced (JobPlan.step_seconds)."""
     manifest = example_job(plan.name, plan.steps, interval, plan.trainer_faults())
     spec = manifest["spec"]
+    spec["args"] += ["--set", f"checkpoint.commit_timeout_seconds={commit_timeout:g}"]
+    if plan.step_seconds():
+        spec["args"] += ["--set", f"train.min_step_seconds={plan.step_seconds():g}"]
     ft = spec["faultTolerance"]
     ft.update(inProcessRestart="Enabled", faultInjection="Enabled", restartStrategy="RankRestart",
               rankRestartBudget={"max": 20, "windowSeconds": 3600},
@@ -37,7 +47,7 @@ class Campaign(FaultKinds):
 
     def run_job(self, plan: JobPlan, reference_loss: float | None) -> tuple[dict[str, Any],
                                                                              list[FaultResult]]:
-        manifest = job_manifest(plan, self.args.checkpoint_interval)
+        manifest = job_manifest(plan, self.args.checkpoint_interval, self.args.commit_timeout)
         self.cluster.kubectl("apply", "--server-side", "-n", self.namespace, "-f", "-",
                              input=json.dumps(manifest))
         deadline = time.monotonic() + self.args.job_timeout

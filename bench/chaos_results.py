@@ -12,6 +12,7 @@ from typing import Any
 
 from rtj_trainer.checkpoint.format import step_of
 
+from .chaos_plan import CHECKPOINT_KINDS, CONTROL_PLANE_KINDS
 from .common import describe_spread, format_spread, format_table
 from .localrun import StepRecord
 
@@ -25,7 +26,9 @@ class FaultResult:
     injected_at: float | None = None
     recovered: bool = False
     seconds: float | None = None
-    """Fault -> the first step completed after it."""
+    """Fault -> the first step completed after it; a storage fault (CHECKPOINT_KINDS): fault ->
+    the first later commit; a control-plane fault: the server back -> the job's status moving
+    again."""
     resumed_step: int | None = None
     """The step training resumed from (the first step after the fault, minus one)."""
     committed_at_fault: int | None = None
@@ -50,6 +53,10 @@ def analyse_fault(result: FaultResult, records: list[StepRecord],
     before = [r for r in records if r.at <= result.injected_at]
     running = max(before, key=lambda r: r.at).attempt if before else None
     after = [r for r in records if r.at > result.injected_at and r.attempt != running]
+    if result.kind in CHECKPOINT_KINDS:
+        return _analyse_checkpoint_fault(result, after, commits)
+    if result.kind in CONTROL_PLANE_KINDS:
+        return _analyse_control_plane_fault(result, after)
     if not after:
         if result.detail.get("job_ended"):
             result.recovered = True
@@ -62,6 +69,63 @@ def analyse_fault(result: FaultResult, records: list[StepRecord],
     result.resumed_step = first.step - 1
     result.steps_lost_beyond_commit = max(0, result.committed_at_fault - result.resumed_step)
     return result
+
+
+def _resumed(result: FaultResult, after: list[StepRecord]) -> None:
+    """The resume of the first new attempt in `after` (none: nothing lost)."""
+    if not after:
+        result.steps_lost_beyond_commit = 0
+        return
+    first = min(after, key=lambda r: r.at)
+    result.resumed_step = first.step - 1
+    assert result.committed_at_fault is not None
+    result.steps_lost_beyond_commit = max(0, result.committed_at_fault - result.resumed_step)
+
+
+def _analyse_checkpoint_fault(result: FaultResult, after: list[StepRecord],
+                              commits: dict[int, float]) -> FaultResult:
+    """A storage fault (CHECKPOINT_KINDS) is recovered when the job commits a checkpoint of a
+    later step after it (seconds: fault -> that commit); a write fault also needs no restart
+    before that commit (the trainer abandons the failed save and goes on); a removed directory
+    may cost one. `detail["removed_step"]`: the step whose directory the campaign removed (its
+    commit, if any, already dropped from `commits`)."""
+    assert result.injected_at is not None
+    injected = result.injected_at
+    hit = int(result.detail.get("removed_step", result.step))
+    later = sorted((at, step) for step, at in commits.items() if step > hit and at > injected)
+    until = later[0][0] if later else float("inf")
+    restarts = [r for r in after if r.at <= until]
+    result.detail["restarted"] = bool(restarts)
+    _resumed(result, restarts)
+    if not later:
+        return result
+    at, step = later[0]
+    result.detail["later_commit_step"] = step
+    result.seconds = round(at - injected, 3)
+    result.recovered = result.kind == "checkpoint-dir-removed" or not restarts
+    return result
+
+
+def _analyse_control_plane_fault(result: FaultResult, after: list[StepRecord]) -> FaultResult:
+    """A control-plane fault (CONTROL_PLANE_KINDS; alone in its job) is recovered when the job
+    ended Succeeded (`detail["final_state"]`) with no restart from the fault on
+    (`detail["restarts_before"]`, `["restarts_after"]`: status.restarts.total), seconds: from the
+    server's return to the job's status moving again (`detail["status_caught_up_seconds"]`)."""
+    _resumed(result, after)
+    before, later = result.detail.get("restarts_before"), result.detail.get("restarts_after")
+    caused = (later - before) if isinstance(before, int) and isinstance(later, int) else None
+    result.detail["restarts_caused"] = caused
+    result.seconds = result.detail.get("status_caught_up_seconds")
+    result.recovered = result.detail.get("final_state") == "Succeeded" and caused == 0
+    return result
+
+
+def newest_checkpoint_dir(directory: Path, at_least: int) -> Path | None:
+    """The job's newest checkpoint directory (`step-<9 digits>.<attempt>`, committed or still
+    being written) of step `at_least` or later; None when there is none yet."""
+    found = [(step, path.name, path) for path in directory.glob("step-*")
+             if (step := step_of(path.name)) is not None and step >= at_least and path.is_dir()]
+    return max(found)[2] if found else None
 
 
 def read_commits(directory: Path, commits: dict[int, float]) -> dict[int, float]:
@@ -119,7 +183,7 @@ def render(summary: dict[str, Any]) -> str:
         f"recovered {summary['recovered']}/{summary['faults']}, steps lost beyond the last "
         f"commit {summary['steps_lost_beyond_commit']}",
         "",
-        format_table(["kind", "faults", "recovered", "fault → next step (s)",
+        format_table(["kind", "faults", "recovered", "recovery (s)",
                       "max steps lost beyond commit"], rows),
     ])
 

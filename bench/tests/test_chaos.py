@@ -12,10 +12,15 @@ import pytest
 from rtj_trainer.checkpoint.format import Manifest, checkpoint_dir_name
 
 from bench.chaos_campaign import job_manifest
+from bench.chaos_faults import parse_proc_net_tcp
 from bench.chaos_plan import (
+    CHECKPOINT_KINDS,
+    CONTROL_PLANE_KINDS,
+    HOLDING_KINDS,
     KINDS,
     JobPlan,
     PlannedFault,
+    checkpoint_step,
     plan_campaign,
     plan_faults,
     replay_plans,
@@ -26,6 +31,7 @@ from bench.chaos_results import (
     analyse_fault,
     campaign_summary,
     final_loss,
+    newest_checkpoint_dir,
     passed,
     read_campaign,
     read_commits,
@@ -35,18 +41,79 @@ from bench.localrun import StepRecord
 
 pytestmark = pytest.mark.unit
 
+PROCESS_KINDS = [k for k in KINDS if k not in (*CHECKPOINT_KINDS, *CONTROL_PLANE_KINDS)]
+"""The first campaign's eight kinds: any step, any place in a job."""
+
 
 def test_plan_has_every_kind_the_asked_number_of_times_spaced_in_each_job() -> None:
-    plans = plan_campaign(list(KINDS), per_kind=5, faults_per_job=4, spacing=25, seed=3)
+    assert len(PROCESS_KINDS) == 8
+    plans = plan_campaign(PROCESS_KINDS, per_kind=5, faults_per_job=4, spacing=25, seed=3)
     kinds = Counter(f.kind for plan in plans for f in plan.faults)
-    assert kinds == dict.fromkeys(KINDS, 5)
+    assert kinds == dict.fromkeys(PROCESS_KINDS, 5)
     assert len(plans) == 10  # 40 faults, 4 a job
     for plan in plans:
         assert [f.step for f in plan.faults] == [25 * (i + 1) for i in range(len(plan.faults))]
         assert plan.steps == 25 * (len(plan.faults) + 1)
         assert all(0 <= f.rank < 4 for f in plan.faults)
+        assert plan.step_seconds() == 0.0
     assert len({plan.name for plan in plans}) == len(plans)
-    assert plans == plan_campaign(list(KINDS), per_kind=5, faults_per_job=4, spacing=25, seed=3)
+    assert plans == plan_campaign(PROCESS_KINDS, per_kind=5, faults_per_job=4, spacing=25,
+                                  seed=3, interval=10)
+
+
+def test_a_checkpoint_fault_is_planned_on_the_checkpoint_step_nearest_its_slot() -> None:
+    assert checkpoint_step(25, 10, last=75) == 30  # a tie goes up
+    assert checkpoint_step(50, 10, last=75) == 50
+    assert checkpoint_step(24, 10, last=75) == 20
+    assert checkpoint_step(3, 10, last=75) == 10  # never step 0
+    assert checkpoint_step(75, 10, last=80) == 70  # never the last step's save
+    assert checkpoint_step(150, 10, last=175) == 150
+    with pytest.raises(ValueError, match="no checkpoint step before its last"):
+        checkpoint_step(5, 10, last=10)
+
+
+def test_storage_and_control_plane_kinds_are_planned_where_they_can_bite() -> None:
+    kinds = list(KINDS)
+    plans = plan_campaign(kinds, per_kind=6, faults_per_job=6, spacing=25, seed=5, interval=10)
+    assert Counter(f.kind for plan in plans for f in plan.faults) == dict.fromkeys(KINDS, 6)
+    for plan in plans:
+        for i, fault in enumerate(plan.faults):
+            if fault.kind in CHECKPOINT_KINDS:
+                assert fault.step % 10 == 0 and 0 < fault.step < plan.steps
+                assert abs(fault.step - 25 * (i + 1)) <= 5
+            else:
+                assert fault.step == 25 * (i + 1)
+        holding = [i for i, f in enumerate(plan.faults) if f.kind in HOLDING_KINDS]
+        assert holding in ([], [len(plan.faults) - 1])  # one a job, its last fault
+        assert len({f.step for f in plan.faults}) == len(plan.faults)
+    alone = [plan for plan in plans if any(f.kind in CONTROL_PLANE_KINDS for f in plan.faults)]
+    assert len(alone) == 6 * len(CONTROL_PLANE_KINDS)
+    assert plans[-len(alone):] == alone  # after the packed jobs
+    for plan in alone:
+        assert len(plan.faults) == 1 and plan.faults[0].step == 25 and plan.steps == 50
+        assert plan.step_seconds() == 2.0
+    write = JobPlan("j", 75, (PlannedFault("write-error", 30, 1), PlannedFault("pod-kill", 50, 0),
+                              PlannedFault("write-lost", 50, 3)))
+    assert write.trainer_faults() == "30:1:write-error,50:3:write-lost"
+
+
+def test_checkpoint_faults_need_the_interval_and_distinct_steps() -> None:
+    with pytest.raises(ValueError, match="need the checkpoint interval"):
+        plan_faults({"write-error": 1}, 4, 25, 0)
+    with pytest.raises(ValueError, match="two faults of one job on step 10"):
+        plan_faults({"write-error": 2}, 2, 4, 0, interval=10)
+
+
+def test_campaign_jobs_get_a_short_commit_deadline_and_control_plane_jobs_a_pace() -> None:
+    plain = job_manifest(JobPlan("chaos-1", 50, (PlannedFault("write-lost", 30, 2),)), 10,
+                         commit_timeout=20)
+    args = plain["spec"]["args"]
+    assert args[-2:] == ["--set", "checkpoint.commit_timeout_seconds=20"]
+    assert not any(a.startswith("train.min_step_seconds") for a in args)
+    assert {"name": "TRAINER_FAULTS", "value": "30:2:write-lost"} in plain["spec"]["env"]
+    paced = job_manifest(JobPlan("chaos-2", 50, (PlannedFault("apiserver-stop", 25, 0),)), 10)
+    assert "train.min_step_seconds=2" in paced["spec"]["args"]
+    assert all(e["name"] != "TRAINER_FAULTS" for e in paced["spec"].get("env", []))
 
 
 def test_plan_refuses_unknown_kinds_and_empty_campaigns() -> None:
@@ -233,3 +300,82 @@ def test_a_shard_is_added_to_its_campaign_file_after_every_job(tmp_path: Path) -
     assert written["summary"]["jobs_succeeded"] == 1
     shard.save(final=True, operator_starts=2)
     assert "finished" in json.loads(path.read_text())["shards"][1]
+
+
+def test_a_write_fault_recovers_when_a_later_checkpoint_commits_without_a_restart() -> None:
+    records = _records((29, "a", 100.0), (30, "a", 100.5), (45, "a", 110.0))
+    error = analyse_fault(FaultResult("j", "write-error", 30, 1, injected_at=100.4), records,
+                          commits={20: 95.0, 40: 103.0})
+    assert error.recovered and error.seconds == 2.6
+    assert error.detail["later_commit_step"] == 40 and not error.detail["restarted"]
+    assert error.steps_lost_beyond_commit == 0 and error.committed_at_fault == 20
+    # The lost write holds step 40 back until the commit deadline abandons step 30.
+    lost = analyse_fault(FaultResult("j", "write-lost", 30, 0, injected_at=100.4), records,
+                         commits={20: 95.0})
+    assert not lost.recovered and lost.seconds is None
+    restarted = analyse_fault(FaultResult("j", "write-lost", 30, 0, injected_at=100.4),
+                              [*records, StepRecord(21, "b", 104.0, 1.0)],
+                              commits={20: 95.0, 40: 130.0})
+    assert not restarted.recovered and restarted.detail["restarted"]
+    assert restarted.resumed_step == 20 and restarted.steps_lost_beyond_commit == 0
+    # A restart after the later commit is a later fault's, not this one's.
+    later = analyse_fault(FaultResult("j", "write-error", 30, 0, injected_at=100.4),
+                          [*records, StepRecord(51, "b", 140.0, 1.0)], {20: 95.0, 40: 103.0})
+    assert later.recovered and not later.detail["restarted"]
+
+
+def test_a_removed_checkpoint_directory_counts_from_the_commit_before_it() -> None:
+    records = _records((30, "a", 100.0), (21, "b", 120.0))
+    result = FaultResult("j", "checkpoint-dir-removed", 30, 0, injected_at=100.4,
+                         detail={"removed_step": 30, "removed_committed": True})
+    # the campaign dropped step 30's commit when it removed its directory
+    analyse_fault(result, records, commits={20: 95.0, 40: 125.0})
+    assert result.recovered and result.detail["restarted"]
+    assert result.committed_at_fault == 20 and result.resumed_step == 20
+    assert result.steps_lost_beyond_commit == 0 and result.seconds == 24.6
+    never = FaultResult("j", "checkpoint-dir-removed", 30, 0, injected_at=100.4,
+                        detail={"removed_step": 40})
+    assert not analyse_fault(never, records, commits={20: 95.0, 40: 125.0}).recovered
+
+
+def test_a_control_plane_fault_recovers_with_the_job_succeeded_and_no_restart() -> None:
+    records = _records((24, "a", 100.0), (40, "a", 140.0))
+    detail = {"restarts_before": 0, "restarts_after": 0, "final_state": "Succeeded",
+              "status_caught_up_seconds": 3.2}
+    quiet = analyse_fault(FaultResult("j", "apiserver-stop", 25, 0, injected_at=101.0,
+                                      detail=dict(detail)), records, {20: 90.0})
+    assert quiet.recovered and quiet.seconds == 3.2 and quiet.detail["restarts_caused"] == 0
+    assert quiet.steps_lost_beyond_commit == 0
+    restarted = analyse_fault(
+        FaultResult("j", "etcd-restart", 25, 0, injected_at=101.0,
+                    detail=detail | {"restarts_after": 1}),
+        [*records, StepRecord(21, "b", 150.0, 1.0)], {20: 90.0})
+    assert not restarted.recovered and restarted.detail["restarts_caused"] == 1
+    assert restarted.resumed_step == 20
+    failed = analyse_fault(FaultResult("j", "operator-conn-reset", 25, 0, injected_at=101.0,
+                                       detail=detail | {"final_state": "Failed"}), records, {})
+    assert not failed.recovered
+
+
+def test_the_newest_checkpoint_directory_in_flight_or_committed(tmp_path: Path) -> None:
+    assert newest_checkpoint_dir(tmp_path, 10) is None
+    _commit(tmp_path, 10, "a0-l0-i0", 50.0)
+    _commit(tmp_path, 20, "a0-l0-i0", 60.0)
+    assert newest_checkpoint_dir(tmp_path, 30) is None
+    flying = tmp_path / checkpoint_dir_name(30, "a0-l0-i0")
+    flying.mkdir()
+    (tmp_path / "faults").mkdir()
+    assert newest_checkpoint_dir(tmp_path, 30) == flying
+    assert newest_checkpoint_dir(tmp_path, 10) == flying
+
+
+def test_the_operators_connections_are_read_from_proc_net_tcp() -> None:
+    text = (
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+        "timeout inode\n"
+        "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0 "
+        "       0 1111 1 0000000000000000 100 0 0 10 0\n"
+        "   1: 0100007F:C350 0100007F:1A0B 01 00000000:00000000 00:00000000 00000000     0 "
+        "       0 2222 1 0000000000000000 20 4 30 10 -1\n"
+    )
+    assert parse_proc_net_tcp(text) == {2222: ("127.0.0.1", 50000, "127.0.0.1", 6667)}

@@ -14,6 +14,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.procs import ManagedProcess, wait_until
@@ -191,10 +192,48 @@ class ControlPlane:
         self.server = f"https://127.0.0.1:{self.api_port}"
         self.processes: list[ManagedProcess] = []
         self.timings: dict[str, float] = {}
+        self._argv: dict[str, list[str]] = {}
+        self._ready: dict[str, Callable[[], bool]] = {}
 
     def _start(self, name: str, args: list[str]) -> ManagedProcess:
-        process = ManagedProcess(name, [str(self.bin_dir / name), *args], self.logs / f"{name}.log")
+        argv = [str(self.bin_dir / name), *args]
+        process = ManagedProcess(name, argv, self.logs / f"{name}.log")
+        self._argv[name] = argv
         self.processes.append(process)
+        return process
+
+    def process_named(self, name: str) -> ManagedProcess:
+        """The running (or stopped) process of server `name` (`etcd`, `kube-apiserver`, ...)."""
+        for process in self.processes:
+            if process.name == name:
+                return process
+        raise KeyError(f"no control-plane server named {name!r}")
+
+    def is_ready(self, name: str) -> bool:
+        """Whether server `name` answers its readiness check (etcd /health, kube-apiserver
+        /readyz; the others: alive) right now."""
+        try:
+            return bool(self._ready.get(name, self.process_named(name).alive)())
+        except Exception:
+            return False
+
+    def stop_server(self, name: str) -> None:
+        """Stop one server (SIGTERM, SIGKILL after 10 s), as an outage; `start_server` brings it
+        back. The other servers keep running and reconnect on their own."""
+        self.process_named(name).stop(timeout=10)
+
+    def start_server(self, name: str, timeout: float = READY_TIMEOUT) -> ManagedProcess:
+        """Start a server stopped by `stop_server` again with the same command line: the same
+        port, data directory (etcd keeps its data) and certificates; its log goes on in the same
+        file. Waits until it is ready (etcd /health, kube-apiserver /readyz; the others: alive).
+        """
+        old = self.process_named(name)
+        if old.alive():
+            raise RuntimeError(f"{name} is still running")
+        process = ManagedProcess(name, self._argv[name], self.logs / f"{name}.log")
+        self.processes[self.processes.index(old)] = process  # keep the stop order
+        wait_until(lambda: self.is_ready(name), timeout, f"{name} ready again",
+                   processes=[process])
         return process
 
     def start_storage_and_api(self) -> None:
@@ -214,9 +253,8 @@ class ControlPlane:
                 "--log-level=warn", "--quota-backend-bytes=2147483648",
             ],
         )  # fmt: skip
-        wait_until(
-            lambda: _http_ok(f"{etcd_url}/health"), READY_TIMEOUT, "etcd health", processes=[etcd]
-        )
+        self._ready["etcd"] = lambda: _http_ok(f"{etcd_url}/health")
+        wait_until(self._ready["etcd"], READY_TIMEOUT, "etcd health", processes=[etcd])
         self.timings["etcd"] = time.monotonic() - t0
         pki = self.pki
         apiserver = self._start(
@@ -238,8 +276,9 @@ class ControlPlane:
                 "--profiling=false", "--v=1",
             ],
         )  # fmt: skip
+        self._ready["kube-apiserver"] = lambda: _https_ok(f"{self.server}/readyz", pki / "ca.crt")
         wait_until(
-            lambda: _https_ok(f"{self.server}/readyz", pki / "ca.crt"),
+            self._ready["kube-apiserver"],
             READY_TIMEOUT, "kube-apiserver /readyz", processes=[etcd, apiserver],
         )  # fmt: skip
         self.timings["kube-apiserver"] = time.monotonic() - t0
