@@ -292,6 +292,9 @@ def test_suspend_commits_the_current_step_and_resume_continues_from_it(
     # that a loaded CI machine starves for 5 s into an in-process restart (seen once: a rank
     # busy with a checkpoint write), and this test counts restarts.
     manifest["spec"]["args"] += ["--set", "resiliency.collective_timeout_seconds=60"]
+    # At least 0.25 s a step: on a fast host the 150 steps took less than the status's progress
+    # interval (10 s) plus the suspend, so the job ended before it was suspended (2026-12-05).
+    manifest["spec"]["args"] += ["--set", "train.min_step_seconds=0.25"]
     apply(cluster, ns, manifest)
     context = lambda: describe(cluster, ns, name, operator)  # noqa: E731
     wait_for("a committed checkpoint", lambda: (
