@@ -1,6 +1,6 @@
 """One job per checkpoint directory (review-2 F12): rank 0 takes `<checkpoint.dir>/.rtj-lock` at
 the start of every attempt (rtj_trainer.checkpoint.lock), and prune deletes only its own job's
-directories (rtj_trainer.checkpoint.store.prune), so two jobs given one explicit
+directories (rtj_trainer.checkpoint.pruning.prune), so two jobs given one explicit
 `checkpoint.path` can no longer delete each other's checkpoints."""
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def test_prune_deletes_a_directory_of_unknown_owner_only_when_it_is_long_forgott
     fresh = _as(save_checkpoint(tmp_path, 10, commit=False), "x0-l0-i0-1")
     forgotten = _as(save_checkpoint(tmp_path, 20, commit=False), "x0-l0-i0-2")
     for entry in [forgotten, *forgotten.iterdir()]:
-        _age(entry, 2 * ck.store.UNOWNED_AFTER_SECONDS)
+        _age(entry, 2 * ck.pruning.UNOWNED_AFTER_SECONDS)
     # Ours, of an earlier attempt: its writers are gone, a newer step is committed.
     earlier = _as(save_checkpoint(tmp_path, 25, commit=False), "a0-l0-i0-1")
     ck.mark_owner(earlier, job=JOB_A, identity="a0-l0-i0-1")

@@ -33,7 +33,7 @@ from rtj_operator.api.vocabulary import (
     RecoveryAction,
 )
 from rtj_operator.decisions import stops
-from rtj_operator.decisions.clocks import node_liveness
+from rtj_operator.decisions.fallback import fallen_back
 from rtj_operator.decisions.hangs import degraded_observation, not_reporting
 from rtj_operator.decisions.podfaults import training_finished
 from rtj_operator.decisions.state import (
@@ -184,54 +184,17 @@ def _not_starting_detail(p: Pass) -> dict[ConditionType, tuple[str, str]]:
 # --- the status ---------------------------------------------------------------------------------
 
 
-def _fallen_back(p: Pass, known: LastCheckpoint | None) -> LastCheckpoint | None:
-    """The checkpoint the ranks went back to, when this pass proves that the job no longer
-    stands on `known` (status.lastCheckpoint; review F14): every active pod answered with every
-    rank, each rank names its newest committed checkpoint and its step, the newest of those
-    checkpoints is older than `known` and every rank's step is below it. No process that knew
-    `known` is left (a process never forgets a commit), and no rank trained from it: the ranks
-    are a new attempt that resumed from an older checkpoint (the trainer fell back from one it
-    could not read). None otherwise: a scrape that missed a pod or a rank, a rank that has not
-    loaded its checkpoint yet, or ranks that lag behind a commit are no such evidence."""
-    if known is None or not p.active():
-        return None
-    newest: tuple[int, float | None] | None = None
-    for index in p.active():
-        node = node_liveness(p, index)
-        if node is None or not node.complete or len(node.samples) != node.expected_ranks:
-            return None
-        for sample in node.samples:
-            if (sample.standby or sample.committed_step is None or sample.step is None
-                    or sample.step >= known.step):
-                return None
-            if newest is None or sample.committed_step > newest[0]:
-                newest = (sample.committed_step, sample.committed_time)
-    if newest is None or newest[0] >= known.step:
-        return None
-    step, moment = newest
-    p.event("Warning", CHECKPOINT_FELL_BACK,
-            f"status.lastCheckpoint moves back from step {known.step} to step {step}: every "
-            f"rank reports step {step} as its newest committed checkpoint and trains below step "
-            f"{known.step} (the trainers resumed from an older checkpoint than step "
-            f"{known.step}; see their logs for why it was rejected)")
-    return LastCheckpoint(step=step, time=whole_second(from_unix(moment)) if moment else None)
-
-
-CHECKPOINT_FELL_BACK = "CheckpointFellBack"
-"""The Event when status.lastCheckpoint moves back to an older checkpoint (`_fallen_back`)."""
-
-
 def _training_progress(p: Pass) -> dict[str, Any]:
     """step, last_checkpoint and goodput from the scraped metrics (kept when nothing answered);
     a field nothing is known about is left out. last_checkpoint only moves up, except to follow
-    ranks that resumed from an older checkpoint (`_fallen_back`)."""
+    ranks that resumed from an older checkpoint (`fallback.fallen_back`)."""
     result: dict[str, Any] = {}
     steps = [p.ranks[i].step for i in p.active() if i in p.ranks]
     if steps and all(s is not None for s in steps):
         result["step"] = min(s for s in steps if s is not None)
     elif p.prev.step is not None:
         result["step"] = p.prev.step
-    best = _fallen_back(p, p.prev.last_checkpoint) or p.prev.last_checkpoint
+    best = fallen_back(p, p.prev.last_checkpoint) or p.prev.last_checkpoint
     best_step = best.step if best is not None else -1
     best_time = best.time if best is not None else None
     goodput: float | None = None

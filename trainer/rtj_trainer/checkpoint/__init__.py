@@ -42,6 +42,7 @@ from .format import (
 )
 from .loading import LoadedCheckpoint
 from .lock import LOCK, DirectoryLock, read_holder
+from .pruning import OWNER, mark_owner, prune
 from .staging import (
     HostStaging,
     TensorLayout,
@@ -53,15 +54,12 @@ from .staging import (
 )
 from .store import (
     ABANDONED,
-    OWNER,
     ResumePlan,
     commit,
     committed_checkpoints,
     failed_writes,
     is_abandoned,
-    mark_owner,
     newest_valid_checkpoint,
-    prune,
     read_commit_log,
     read_committed,
     refuse_foreign_checkpoints,

@@ -63,6 +63,7 @@ from .local import (
     remove_partial_copies,
 )
 from .lock import DirectoryLock
+from .pruning import UNOWNED_AFTER_SECONDS, BackgroundDeleter, prune
 from .staging import (
     HostStaging,
     Staged,
@@ -70,13 +71,7 @@ from .staging import (
     plan_layout,
     stage_to_host,
 )
-from .store import (
-    UNOWNED_AFTER_SECONDS,
-    BackgroundDeleter,
-    append_commit_log,
-    prune,
-    write_latest_committed_step,
-)
+from .store import append_commit_log, write_latest_committed_step
 from .writer import write_shard
 
 log = logging.getLogger(__name__)

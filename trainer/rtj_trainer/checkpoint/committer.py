@@ -17,7 +17,8 @@ from typing import Any
 
 from ..files import write_json_atomic
 from .format import MANIFEST, Manifest
-from .store import abandon, commit, failed_writes, mark_owner, missing_records, record_listing
+from .pruning import mark_owner
+from .store import abandon, commit, failed_writes, missing_records, record_listing
 
 
 @dataclass(slots=True)
@@ -115,7 +116,7 @@ class CommitWorker:
     """Rank 0's commits on a daemon thread, off the step loop.
 
     Saves are resolved one at a time in the order submitted (step order): the thread first
-    records that this job owns the save's directory (`store.mark_owner`: prune never deletes
+    records that this job owns the save's directory (`pruning.mark_owner`: prune never deletes
     another job's save in flight), then lists the directory (one `readdir`) until every rank's
     record is there, then reads each record once and writes the manifest (`commit`), runs
     `after_commit` (commit log, `latest-committed-step`, prune), and writes

@@ -1,7 +1,7 @@
 """One job per checkpoint directory: the owner lock `<checkpoint.dir>/.rtj-lock` (`DirectoryLock`).
 
 Why: two jobs given the same explicit `checkpoint.path` would each prune the other's saves
-(rtj_trainer.checkpoint.store.prune). The check at resume (`refuse_foreign_checkpoints`) sees only
+(rtj_trainer.checkpoint.pruning.prune). The check at resume (`refuse_foreign_checkpoints`) sees only
 committed checkpoints, so two jobs that start before either commits both pass it. So rank 0 takes
 this lock at the start of every attempt (`load_latest`), before it reads anything, and:
 
