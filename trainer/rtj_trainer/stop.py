@@ -266,6 +266,13 @@ class StopAgreement:
         _, least = self._reduce(millis, millis)
         return least / 1000
 
+    def stop_deadline(self, timeout_seconds: float) -> tuple[float, float]:
+        """Collective: this stop's common budget (`stop_budget` from this process's signal,
+        `common_budget`) and the monotonic moment it runs out."""
+        budget = self.common_budget(stop_budget(timeout_seconds, requested_at=STOP.requested_at,
+                                                now=time.time()))
+        return budget, time.monotonic() + budget
+
     def should_stop(self, step: int, steps_this_attempt: int) -> bool:
         """After `step` (the `steps_this_attempt`-th step of this attempt) completed."""
         if steps_this_attempt % self.check_every != 0:

@@ -41,7 +41,7 @@ from .gloocut import GlooConnections
 from .ledger import LEDGER_FILE, Ledger, advance_ledger
 from .metrics import Snapshot
 from .resiliency import Session
-from .stop import STOP, StopAgreement, stop_budget
+from .stop import StopAgreement
 
 log = logging.getLogger(__name__)
 
@@ -400,10 +400,7 @@ class Trainer:
         the step committed, and no rank joins another collective (a peer may be gone): the
         verdict is then False."""
         began = time.perf_counter()
-        budget = agreement.common_budget(stop_budget(
-            self.cfg.checkpoint.stop_timeout_seconds, requested_at=STOP.requested_at,
-            now=time.time()))
-        deadline = time.monotonic() + budget
+        budget, deadline = agreement.stop_deadline(self.cfg.checkpoint.stop_timeout_seconds)
         saves = bool(self.cfg.checkpoint.interval_steps)
         self._close_losses()
         with self.session.section("checkpoint"):

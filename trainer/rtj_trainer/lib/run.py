@@ -56,7 +56,6 @@ from ..stop import (
     STOP_NOT_COMMITTED,
     StopAgreement,
     exit_now,
-    stop_budget,
     stop_exit_code,
     torch_reduce,
 )
@@ -342,9 +341,7 @@ class Run:
         """Every rank agreed to stop after `step`: save it unless saved, wait for the commit,
         within the stop's budget (rtj_trainer.stop, as `Trainer.stop`); past it the stop goes on
         without its checkpoint (`stop_committed` False) and joins no further collective."""
-        budget = self._agreement.common_budget(stop_budget(
-            self.cfg.stop_timeout_seconds, requested_at=STOP.requested_at, now=time.time()))
-        deadline = time.monotonic() + budget
+        _, deadline = self._agreement.stop_deadline(self.cfg.stop_timeout_seconds)
         saves = self.state is not None and bool(self.cfg.interval_steps)
         try:
             if saves and self._progress.saved_step != step:
