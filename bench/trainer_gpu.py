@@ -65,7 +65,23 @@ def run_trainer(
     result["step_seconds"] = round(step_seconds, 3)
     result["training_efficiency"] = round(step_seconds / max(1e-9, step_seconds + stall_total), 4)
     result["log_tail"] = lines[-6:]
+    result.update(step_time(proc.stdout + proc.stderr))
     return result
+
+
+STEP_LINE = re.compile(r"step (\d+)/\d+ loss \S+ ([0-9.]+) ms/step")
+
+
+def step_time(log: str, *, skip: int = 20) -> dict[str, Any]:
+    """The steady step time from the trainer's progress lines (`step N/M loss L T ms/step`, one
+    every `train.log_every` steps; T is that step's time): the median of the steps after the
+    first `skip` (warm-up: allocator, autotuning), and every sample."""
+    samples = [(int(m.group(1)), float(m.group(2))) for m in STEP_LINE.finditer(log)]
+    steady = sorted(ms for step, ms in samples if step > skip)
+    median = steady[len(steady) // 2] if steady else None
+    if steady and len(steady) % 2 == 0:
+        median = (steady[len(steady) // 2 - 1] + steady[len(steady) // 2]) / 2
+    return {"step_ms_samples": samples, "step_ms_median": median}
 
 
 def read_commits(ckpt_dir: Path, since: float) -> list[dict[str, Any]]:
@@ -174,18 +190,23 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", help="cpu: a local dry run of this script")
     parser.add_argument("--runs", default="no_checkpoint,async,sync,resume_async,second",
                         help="comma-separated subset of the trainer runs to make")
+    parser.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
+                        help="a trainer override for every run (repeatable), e.g. "
+                             "model.hf_path=bench/models/llama-1b")
     parser.add_argument("--allocation-gb", type=float, default=0.0,
                         help="also time allocating + page-locking a staging buffer of this size")
     args = parser.parse_args()
     started = time.time()
     root = Path(args.root)
-    common = [f"train.steps={args.steps}", f"train.device={args.device}", "train.log_every=20",
-              "checkpoint.verify_checksums=true"]
+    common = [f"train.steps={args.steps}", f"train.device={args.device}", "train.log_every=10",
+              "checkpoint.verify_checksums=true", *args.sets]
     results: dict[str, Any] = {"preset": args.preset, "steps": args.steps,
-                               "interval": args.interval}
+                               "interval": args.interval, "sets": args.sets}
     try:
         if args.device != "cuda":
             raise RuntimeError("staging benchmark needs CUDA")
+        if args.staging_gib <= 0:
+            raise RuntimeError("skipped (--staging-gib 0)")
         results["staging"] = staging_copy_benchmark(args.staging_gib)
     except Exception as exc:  # a failed micro-benchmark must not stop the trainer runs
         results["staging"] = {"error": repr(exc)}

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# A Hugging Face Llama of the `1b` shape (bench/models/llama-1b: 16 x 2048, 16 heads, SwiGLU 5440,
+# 32k vocabulary; 934M parameters against the GPT's 941M) against the built-in GPT on ONE GPU,
+# one rank, warm workers on, through the device tool (wheels carried in .whl/; see setup.sh):
+#
+#   PART=steps,recovery bash bench/device/hf.sh    # step time of both models, then recovery
+#   PART=goodput bash bench/device/hf.sh           # 2,000 steps, five faults, the HF model
+#
+# steps: bench/trainer_gpu.py, no checkpoints, STEPS (default 60) steps at batch 8, the median
+#   step time after step 20, GPT first, then the HF model.
+# recovery: bench.recovery, an exception (in-process restart) and a SIGKILL (ft_launcher restart,
+#   warm workers) at step 45 of 50, a checkpoint every 20, node-local copies in /dev/shm; the HF
+#   model, then the GPT's SIGKILL for a side-by-side figure from the same machine (GPT=0: skip).
+# goodput: bench.goodput's faulted-inprocess variant as in docs/benchmarks.md's one-H200 rows
+#   (batch 4, a checkpoint every 100 steps, keep 2), with model.hf_path (MODEL=gpt: the GPT).
+# Writes JSON and log excerpts under $OUT.
+set -u
+. bench/device/setup.sh || exit 1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export RTJ_NPROC_PER_NODE=1 RTJ_WARM_WORKERS=1
+HF=$PWD/bench/models/llama-1b
+SHAPE=(--set model.num_layers=16 --set model.d_model=2048 --set model.num_heads=16
+       --set model.vocab_size=32000 --set model.seq_len=2048)
+HFSET=(--set "model.hf_path=$HF")
+rc=0
+excerpt() {  # the launcher/trainer lines of each run's log, small enough to bring back
+  for f in "$1"/*.log; do
+    [[ -e $f ]] || continue
+    grep -aE "Cycle:|fn_ex|injecting fault|resumed from|summary|timeline|RankShould|SOFT_TIMEOUT|HARD_TIMEOUT|rror|Traceback|ms/step" "$f" \
+      | grep -avE "frame #|waitForInput" | tail -n 150
+  done > "$2"
+}
+if [[ ,${PART:-steps,recovery}, == *,steps,* ]]; then
+  for model in gpt hf; do
+    rm -rf /tmp/st
+    extra=(); [[ $model == hf ]] && extra=("${HFSET[@]}")
+    python3 bench/trainer_gpu.py --preset 1b --runs no_checkpoint --steps "${STEPS:-60}" \
+      --staging-gib 0 --timeout 240 "${extra[@]}" --root /tmp/st --out "$OUT/steptime-$model.json" \
+      > /dev/null || rc=1
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['runs'][0]; print('[hf.sh] step time', sys.argv[2], r.get('step_ms_median'), 'ms; rc', r['rc'], r.get('stderr_tail', '')[-1500:])" \
+      "$OUT/steptime-$model.json" "$model"
+  done
+fi
+if [[ ,${PART:-steps,recovery}, == *,recovery,* ]]; then
+  runs=(hf); [[ ${GPT:-1} == 1 ]] && runs+=(gpt)
+  for model in "${runs[@]}"; do
+    rm -rf /tmp/rb /dev/shm/rtj-local
+    extra=(); scenarios=sigkill
+    [[ $model == hf ]] && extra=("${HFSET[@]}") && scenarios=exception-inprocess,sigkill
+    python3 -m bench.recovery --repeats "${REPEATS:-1}" --scenarios "$scenarios" --fault-rank 0 \
+      --steps 50 --fault-step 45 --checkpoint-interval 20 "${SHAPE[@]}" --set data.batch_size=8 \
+      "${extra[@]}" --set checkpoint.local_dir=/dev/shm/rtj-local --set checkpoint.keep=2 \
+      --run-timeout 150 --work-dir /tmp/rb --out "$OUT/recovery-$model.json" || rc=1
+    excerpt /tmp/rb "$OUT/recovery-$model-log.txt"
+  done
+fi
+if [[ ,${PART:-}, == *,goodput,* ]]; then
+  rm -rf /tmp/gp /dev/shm/rtj-local
+  extra=("${HFSET[@]}"); [[ ${MODEL:-hf} == gpt ]] && extra=()
+  timeout "${GOODPUT_TIMEOUT:-530}" python3 -m bench.goodput --variants faulted-inprocess \
+    --steps 2000 --faults 330:0:exception,740:0:sigkill,1130:0:hang,1560:0:exception,1870:0:sigkill \
+    --checkpoint-interval 100 --heartbeat-timeout 10 "${SHAPE[@]}" --set data.batch_size=4 \
+    "${extra[@]}" --set checkpoint.local_dir=/dev/shm/rtj-local --set checkpoint.keep=2 \
+    --run-timeout 460 --work-dir /tmp/gp --out "$OUT/goodput-${MODEL:-hf}.json" || rc=1
+  excerpt /tmp/gp "$OUT/goodput-${MODEL:-hf}-log.txt"
+fi
+exit $rc
