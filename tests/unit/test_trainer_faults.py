@@ -100,3 +100,26 @@ def test_an_injected_write_fault_leaves_what_a_real_failure_leaves(
     assert error.exists() == (fail == "error")
     if fail == "error":
         assert "injected shard write failure" in error.read_text()
+
+
+def test_the_markers_time_is_taken_once_it_is_durable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The benchmarks read the marker's time as the moment of the fault: it must be the time
+    after the fsyncs (with a checkpoint write in flight they took up to 1.4 s on a GPU host, and
+    that wait was counted as detection). Each fsync here advances a clock by 1 s."""
+    import os
+
+    from rtj_trainer import faults as faults_module
+
+    clock = [1_000_000.0]
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        real_fsync(fd)
+        clock[0] += 1.0
+
+    monkeypatch.setattr(faults_module.time, "time", lambda: clock[0])
+    monkeypatch.setattr(faults_module.os, "fsync", slow_fsync)
+    (fault,) = parse_faults("3:0:stall=0.01")
+    FaultInjector((fault,), rank=0, marker_dir=tmp_path).maybe_fire(3)
+    assert float((tmp_path / fault.marker_name).read_text()) == clock[0] == 1_000_002.0

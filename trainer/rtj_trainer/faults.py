@@ -169,15 +169,20 @@ class FaultInjector:
         except FileExistsError:
             return False
         try:
-            os.write(fd, f"{time.time()}\n".encode())
+            os.write(fd, _stamp())
             os.fsync(fd)
+            dir_fd = os.open(self.marker_dir, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+            # The benchmarks read the marker's time as the moment of the fault: it is written
+            # again once the marker is durable (the fsyncs take up to ~1.4 s with a checkpoint
+            # write in flight, and that wait is not the recovery's). Same length, no fsync: a
+            # crash of the host leaves the first time, which is the claim that matters.
+            os.pwrite(fd, _stamp(), 0)
         finally:
             os.close(fd)
-        dir_fd = os.open(self.marker_dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
         return True
 
     def maybe_fire(self, step: int) -> None:
@@ -196,6 +201,11 @@ class FaultInjector:
         log.info("injecting fault %s into the save of step %d", fault.kind, step,
                  extra={"rank": self.rank})
         return WRITE_FAULTS[fault.kind]
+
+
+def _stamp() -> bytes:
+    """A marker's content: the time, in a fixed width (rewritten in place)."""
+    return f"{time.time():.6f}\n".encode()
 
 
 def fire(fault: Fault) -> None:
