@@ -4,8 +4,8 @@ summary. The parsing functions are pure so they can be checked against recorded 
 
 Where each timestamp comes from:
 
-- the fault: the trainer's fault injector writes `time.time()` into its marker file once it is durable
-  (`<run dir>/faults/step<S>-rank<R>-<kind>`) just before it fires;
+- the fault: the trainer's fault injector writes `time.time()` into its marker file
+  (`<run dir>/faults/step<S>-rank<R>-<kind>`) once the marker is durable, just before it fires;
 - launcher events (`failure_detected`, `worker_start_completed`, ...): ft_launcher's own
   `Cycle: N Event: E ... Time: <UTC>` log lines;
 - in-process detection: the NVRx wrapper's `fn_ex:` log line (arrival time);

@@ -65,6 +65,10 @@ def trainer_argv(
         f"--rtj-non-retryable-exit-codes={','.join(map(str, non_retryable_worker_codes(job)))}",
         *([f"--rtj-exit-barrier-timeout={SPARES_EXIT_BARRIER_SECONDS:g}"]
           if spec.fault_tolerance.spares else []),
+        # `--max-restarts` counts over the job's life in NVRx: each launcher gives a restart back
+        # once it is older than the rank-restart budget's window, so the operator's windowed
+        # budgets, not the count of faults since the job began, decide when the job escalates.
+        f"--rtj-restart-window={spec.fault_tolerance.rank_restart_budget.window_seconds}",
         # Every launcher, spares included: NVRx's world holds the spares as inactive ranks.
         f"--nnodes={plan.pods}",
         f"--nproc-per-node={plan.procs_per_node}",

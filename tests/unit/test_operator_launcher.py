@@ -49,6 +49,8 @@ def test_ft_launcher_argv_for_a_p5_job() -> None:
     assert argv == [
         # Through the shim: a worker's fatal exit (94) stops every launcher's restarts.
         "python", "-m", "rtj_trainer.launcher", "--rtj-non-retryable-exit-codes=94",
+        # Each launcher restart is given back after the rank-restart window (default 1 h).
+        "--rtj-restart-window=3600",
         "--nnodes=8",
         "--nproc-per-node=8",
         "--rdzv-backend=c10d",
@@ -96,7 +98,7 @@ def test_every_ft_launcher_flag_we_pass_exists_in_nvrx_0_7() -> None:
     argv = trainer_argv(job(), OperatorSettings())
     assert argv[:3] == ["python", "-m", "rtj_trainer.launcher"]
     options, rest = split_argv(argv[3:])
-    assert options.non_retryable == {94}
+    assert options.non_retryable == {94} and options.restart_window == 3600.0
     parsed = get_args_parser().parse_args(rest)
     assert parsed.nnodes == "8"
     assert parsed.rdzv_conf == "is_host=false,join_timeout=600"
@@ -122,6 +124,17 @@ def test_the_shim_refuses_options_it_does_not_know() -> None:
         split_argv(["--rtj-nope=1", "--nnodes=1"])
     with pytest.raises(SystemExit, match="comma-separated integers"):
         split_argv(["--rtj-non-retryable-exit-codes=a", "--nnodes=1"])
+    with pytest.raises(SystemExit, match="--rtj-restart-window=0: expected seconds > 0"):
+        split_argv(["--rtj-restart-window=0", "--nnodes=1"])
+
+
+def test_the_launchers_restart_window_is_the_rank_restart_budgets() -> None:
+    argv = trainer_argv(job(faultTolerance={"rankRestartBudget": {"max": 4,
+                                                                  "windowSeconds": 600}}),
+                        OperatorSettings())
+    options, _ = split_argv(argv[3:])
+    assert options.restart_window == 600.0
+    assert "--max-restarts=7" in argv  # the pod's 3 plus the job's 4
 
 
 def test_nvrx_control_argv() -> None:

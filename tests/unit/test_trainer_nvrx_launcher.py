@@ -195,6 +195,73 @@ def test_the_shim_refunds_a_restart_into_a_peer_stop_round_and_only_that_one() -
     assert late._invoke_run() == 4  # the same count as the survivors'
 
 
+def test_a_restart_window_gives_each_restart_back_after_the_window() -> None:
+    from rtj_trainer.nvrx.launcher import RestartWindow
+
+    now = [0.0]
+    window = RestartWindow(100.0, clock=lambda: now[0])
+    window.begin(2)  # two rounds before this launcher started: spent "now"
+    now[0] = 50.0
+    window.spend()
+    assert window.given_back() == 0 and window.in_window == 3
+    now[0] = 100.5
+    assert window.given_back() == 2 and window.in_window == 1
+    now[0] = 150.5
+    assert window.given_back() == 1 and window.given_back() == 0
+
+
+class BudgetAgent:
+    """Stands in for ft_launcher's agent: `_handle_restart_decision` spends one of the restarts
+    left or refuses (NVRx 0.7.0); `run` sets the restarts left from the job's rounds so far."""
+
+    def __init__(self, max_restarts: int, rounds_so_far: int) -> None:
+        self._worker_group = SimpleNamespace(spec=SimpleNamespace(max_restarts=max_restarts))
+        self._remaining_restarts = max_restarts - rounds_so_far
+        self._rdzv_handler = launcher_at_round(FakeStore(), rounds_so_far)._rdzv_handler
+
+    def _handle_restart_decision(self, role: str, spec: object, log_msg: str,
+                                 open_rendezvous: bool = False) -> bool:
+        if self._remaining_restarts > 0:
+            self._remaining_restarts -= 1
+            return True
+        return False
+
+    def _invoke_run(self, role: str = "default") -> int:
+        return int(self._remaining_restarts)
+
+
+@pytest.mark.parametrize("window", [None, 100.0])
+def test_max_restarts_counts_in_the_window_not_over_the_jobs_life(
+        window: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two restarts allowed: a third fault soon after is refused either way; one that comes after
+    the window is refused by NVRx's lifetime count and taken with the window. A launcher that
+    joins later counts the job's earlier rounds as spent at its start."""
+    from rtj_trainer.nvrx import launcher as nvrx_launcher
+
+    now = [0.0]
+    monkeypatch.setattr(nvrx_launcher.time, "monotonic", lambda: now[0])
+
+    class Agent(BudgetAgent):
+        pass
+
+    nvrx_launcher._install_peer_stop_refunds(Agent, window)
+    agent: Any = Agent(max_restarts=2, rounds_so_far=0)
+    agent._invoke_run()
+    for at in (0.0, 10.0):
+        now[0] = at
+        assert agent._handle_restart_decision("default", None, "restart") is True
+    now[0] = 50.0
+    assert agent._handle_restart_decision("default", None, "restart") is False
+    now[0] = 105.0  # the restart of t=0 is out of the window
+    assert agent._handle_restart_decision("default", None, "restart") is (window is not None)
+    late: Any = Agent(max_restarts=2, rounds_so_far=2)  # a replaced pod's launcher, at t=105
+    late._invoke_run()
+    now[0] = 150.0
+    assert late._handle_restart_decision("default", None, "restart") is False
+    now[0] = 206.0
+    assert late._handle_restart_decision("default", None, "restart") is (window is not None)
+
+
 def test_the_wait_for_the_next_rendezvous_round_polls_five_times_a_second(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import inspect

@@ -2,6 +2,13 @@
 with the additions below (the NVRx patches that make them: rtj_trainer.nvrx.launcher). Every trainer
 pod runs it (and trainer/scripts/train-local.sh).
 
+**Restarts counted in a window.** NVRx's `--max-restarts` counts the job's rendezvous rounds over
+its whole life (a launcher starts with `max_restarts - <rounds so far>`), so a long job fails
+after a fixed number of faults however far apart they are. With `--rtj-restart-window=SECONDS`
+(the operator passes `rankRestartBudget.windowSeconds`) each restart is given back that long after
+it was spent (rtj_trainer.nvrx.launcher, patch 7; rounds before the launcher started count as spent
+at its start).
+
 **Worker exit codes that must not be retried.** ft_launcher restarts its workers whatever code
 they exited with: a worker cannot stop the restarts. With `--rtj-non-retryable-exit-codes=94,3`
 (the operator passes `rtj_trainer.errors.FATAL_EXIT_CODE` and the job's
@@ -99,6 +106,7 @@ from . import podmetrics, verdicts, warmpool
 
 NON_RETRYABLE_FLAG = "--rtj-non-retryable-exit-codes="
 EXIT_BARRIER_FLAG = "--rtj-exit-barrier-timeout="
+RESTART_WINDOW_FLAG = "--rtj-restart-window="
 
 log = logging.getLogger("rtj_trainer.launcher")
 
@@ -107,12 +115,14 @@ log = logging.getLogger("rtj_trainer.launcher")
 class ShimOptions:
     non_retryable: frozenset[int] = field(default_factory=frozenset)
     exit_barrier_timeout: float | None = None
+    restart_window: float | None = None
 
 
 def split_argv(argv: Sequence[str]) -> tuple[ShimOptions, list[str]]:
     """The shim's own leading `--rtj-*` flags, and ft_launcher's arguments after them."""
     codes: set[int] = set()
     barrier: float | None = None
+    window: float | None = None
     rest = list(argv)
     while rest and rest[0].startswith("--rtj-"):
         flag = rest.pop(0)
@@ -127,9 +137,16 @@ def split_argv(argv: Sequence[str]) -> tuple[ShimOptions, list[str]]:
                 barrier = float(flag.removeprefix(EXIT_BARRIER_FLAG))
             except ValueError:
                 raise SystemExit(f"launcher: {flag}: expected seconds") from None
+        elif flag.startswith(RESTART_WINDOW_FLAG):
+            try:
+                window = float(flag.removeprefix(RESTART_WINDOW_FLAG))
+            except ValueError:
+                raise SystemExit(f"launcher: {flag}: expected seconds") from None
+            if not window > 0:
+                raise SystemExit(f"launcher: {flag}: expected seconds > 0")
         else:
             raise SystemExit(f"launcher: unknown option {flag}")
-    return ShimOptions(frozenset(codes), barrier), rest
+    return ShimOptions(frozenset(codes), barrier, window), rest
 
 
 TERM_TIMEOUT_FLAGS = ("--term-timeout", "--term_timeout")
@@ -216,6 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     nvrx_launcher.install(
         non_retryable=options.non_retryable,
         exit_barrier_timeout=options.exit_barrier_timeout,
+        restart_window=options.restart_window,
         stoppable=lambda: stop.registered_local_ranks(stoppable),
         on_finished=pod.mark_finished if pod is not None else None,
         on_non_retryable=record_termination,

@@ -27,7 +27,12 @@ The patches, in short (NVRx 0.7.0 behaviour → what we need → cost measured):
    round a peer's stop; stop the job on a non-retryable exit code; tell the shim when the group
    succeeded (before the exit barrier).
 7. `LocalElasticAgent._handle_restart_decision` and `_invoke_run` (`_install_peer_stop_refunds`):
-   a round opened for a peer's stop spends one of `--max-restarts` → give it back.
+   a round opened for a peer's stop spends one of `--max-restarts` → give it back. And
+   `--max-restarts` is a lifetime count of the job's rounds (a new launcher starts with
+   `max_restarts - <rounds so far>`), so a long job ran out after ~13 faults however far apart →
+   with `restart_window` (the operator passes its rank-restart window), each restart is given
+   back that long after it was spent (`RestartWindow`; the rounds before this launcher started
+   count as spent at its start).
 8. The rank monitors' handlers of their worker's messages (rtj_trainer.nvrx.monitorstate): each
    monitor also writes its rank's state to a small file the shim reads for its pod endpoint.
 
@@ -278,6 +283,7 @@ def install(
     *,
     non_retryable: frozenset[int] = frozenset(),
     exit_barrier_timeout: float | None = None,
+    restart_window: float | None = None,
     stop_signal: signal.Signals = STOP_SIGNAL,
     stoppable: Callable[[], Collection[int]] | None = None,
     on_finished: Callable[[], None] | None = None,
@@ -290,7 +296,8 @@ def install(
     ft_launcher's own SIGTERM (the torchrun convention). `on_finished` is called once the local
     worker group succeeded (every worker exited 0), before the exit barrier; `on_non_retryable`
     with the (rank, code) of workers that exited with a non-retryable code, before the launcher
-    stops the job."""
+    stops the job. `restart_window` (seconds): each of `--max-restarts` is given back that long
+    after it was spent (None: a count over the job's life, as in NVRx)."""
     from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
@@ -319,7 +326,7 @@ def install(
         original_shutdown(self, death_sig, timeout)
 
     replace(agent, "_shutdown", _shutdown)
-    _install_peer_stop_refunds(agent)
+    _install_peer_stop_refunds(agent, restart_window)
     if exit_barrier_timeout is not None:
         original_init = agent.__init__
 
@@ -379,18 +386,60 @@ def _install_monitor(agent: Any, launcher: Any, non_retryable: frozenset[int],
     replace(agent, "_monitor_workers", _monitor_workers)
 
 
-def _install_peer_stop_refunds(agent: Any) -> None:
-    """Patch 7: a restart into a round opened for a peer's stop spends nothing."""
+class RestartWindow:
+    """The restarts a launcher spent, each given back `seconds` after it was spent: with it,
+    `--max-restarts` bounds the restarts within a sliding window, as the operator's budgets do,
+    instead of over the job's life."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] | None = None) -> None:
+        self.seconds = seconds
+        self._clock = clock or time.monotonic
+        self._spent: list[float] = []
+
+    def begin(self, spent_before: int) -> None:
+        """The launcher starts with `spent_before` restarts already counted (the job's rounds so
+        far, whose times it does not know): each counts as spent now."""
+        self._spent = [self._clock()] * max(0, spent_before)
+
+    def given_back(self) -> int:
+        """How many restarts fell out of the window since the last call (forgotten now)."""
+        cutoff = self._clock() - self.seconds
+        kept = [at for at in self._spent if at > cutoff]
+        back = len(self._spent) - len(kept)
+        self._spent = kept
+        return back
+
+    def spend(self) -> None:
+        self._spent.append(self._clock())
+
+    @property
+    def in_window(self) -> int:
+        return len(self._spent)
+
+
+def _install_peer_stop_refunds(agent: Any, restart_window: float | None = None) -> None:
+    """Patch 7: a restart into a round opened for a peer's stop spends nothing; with
+    `restart_window`, a restart is given back that many seconds after it was spent."""
     original_decision = agent._handle_restart_decision
     original_invoke_run = agent._invoke_run
 
     def _handle_restart_decision(self: Any, role: str, spec: Any, log_msg: str,
                                  open_rendezvous: bool = False) -> bool:
+        window: RestartWindow | None = getattr(self, "_rtj_restart_window", None)
+        if window is not None:
+            back = window.given_back()
+            if back:
+                self._remaining_restarts += back
+                log.info("%d restart(s) older than %gs given back: %d left", back,
+                         window.seconds, self._remaining_restarts)
+        before = self._remaining_restarts
         if is_peer_stop_round(self, self._rdzv_handler.round()):
             self._remaining_restarts += 1
             log.warning("restarting the workers for a peer's stop (an eviction, not a fault): "
                         "no restart spent, %d left", self._remaining_restarts - 1)
         restarted: bool = original_decision(self, role, spec, log_msg, open_rendezvous)
+        if window is not None and self._remaining_restarts < before:
+            window.spend()
         return restarted
 
     def _invoke_run(self: Any, role: str = "default") -> Any:
@@ -400,6 +449,10 @@ def _install_peer_stop_refunds(agent: Any) -> None:
             self._remaining_restarts += refunded
             log.info("%d round(s) so far were opened for a peer's stop: %d restarts left",
                      refunded, self._remaining_restarts)
+        if restart_window is not None:
+            window = RestartWindow(restart_window)
+            window.begin(self._worker_group.spec.max_restarts - self._remaining_restarts)
+            self._rtj_restart_window = window
         return original_invoke_run(self, role)
 
     replace(agent, "_handle_restart_decision", _handle_restart_decision)
