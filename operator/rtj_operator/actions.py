@@ -44,6 +44,9 @@ def _create(
     elif kind == "NetworkPolicy":
         kubernetes.client.NetworkingV1Api(core.api_client).create_namespaced_network_policy(
             namespace, body, _request_timeout=timeout)
+    elif kind == "PodDisruptionBudget":
+        kubernetes.client.PolicyV1Api(core.api_client).create_namespaced_pod_disruption_budget(
+            namespace, body, _request_timeout=timeout)
     elif kind == "Workload":
         kubernetes.client.CustomObjectsApi(core.api_client).create_namespaced_custom_object(
             kueueapi.GROUP, kueueapi.VERSION, namespace, kueueapi.WORKLOADS, body,
@@ -68,6 +71,9 @@ def _read_owners(
                                                                  _request_timeout=timeout)
         elif kind == "NetworkPolicy":
             found = kubernetes.client.NetworkingV1Api(api).read_namespaced_network_policy(
+                name, namespace, _request_timeout=timeout)
+        elif kind == "PodDisruptionBudget":
+            found = kubernetes.client.PolicyV1Api(api).read_namespaced_pod_disruption_budget(
                 name, namespace, _request_timeout=timeout)
         else:
             return None

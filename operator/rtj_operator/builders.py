@@ -375,6 +375,27 @@ def rendezvous_service(job: ResilientTrainingJob, *, settings: OperatorSettings)
     }
 
 
+def rendezvous_disruption_budget(job: ResilientTrainingJob) -> Manifest:
+    """PodDisruptionBudget `<job>-rdzv` (`faultTolerance.rendezvousDisruptionBudget`): no
+    voluntary eviction of the rendezvous pod (a drain waits), since losing its store restarts
+    the whole job. A rendezvous pod that is not Ready may still be evicted
+    (`unhealthyPodEvictionPolicy: AlwaysAllow`): it serves no one. Deletes are not evictions,
+    so the operator's own (suspend, finish, a full restart) go through."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(
+            job, name=naming.rendezvous_name(job.name), labels=_service_labels(job)
+        ),
+        "spec": {
+            "maxUnavailable": 0,
+            "selector": {"matchLabels": {naming.JOB_LABEL: job.name,
+                                         naming.ROLE_LABEL: naming.ROLE_RENDEZVOUS}},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
 def headless_service(
     job: ResilientTrainingJob, *, settings: OperatorSettings, network_policy: str | None = None
 ) -> Manifest:

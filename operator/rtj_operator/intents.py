@@ -18,8 +18,8 @@ Manifest = dict[str, Any]
 
 @dataclass(frozen=True)
 class CreateObject:
-    """Create a child object (Pod, Service, PersistentVolumeClaim, NetworkPolicy, Kueue
-    Workload); an existing one is kept."""
+    """Create a child object (Pod, Service, PersistentVolumeClaim, NetworkPolicy,
+    PodDisruptionBudget, Kueue Workload); an existing one is kept."""
 
     manifest: Manifest
 

@@ -192,7 +192,9 @@ def expectations_after(actions: list[Any], expected: Mapping[str, float],
     kept = {k: t for k, t in expected.items() if now - t < EXPECTATION_SECONDS}
     refused_names = set(refused)
     for action in actions:
-        if isinstance(action, CreateObject) and action.kind != "Workload":  # not in the caches
+        # Workloads and budgets are in no cache (and a budget shares the rendezvous pod's name).
+        if isinstance(action, CreateObject) and action.kind not in ("Workload",
+                                                                    "PodDisruptionBudget"):
             name = action.manifest["metadata"]["name"]
             if name not in refused_names:
                 kept[name] = now

@@ -325,6 +325,27 @@ def test_the_network_policy_is_created_with_the_headless_service_unless_switched
     assert "NetworkPolicy/tiny" not in created(decide(job(), world()))  # services exist
 
 
+def test_the_rendezvous_pod_gets_a_disruption_budget_with_its_service_when_enabled() -> None:
+    """#31: a drain's eviction of the rendezvous pod restarts the whole job; with the budget on,
+    no voluntary eviction while it is Ready, made with the rendezvous Service. Off by default
+    (drains always proceed, as for trainer pods)."""
+    on = {"faultTolerance": {"rendezvousDisruptionBudget": "Enabled"}}
+    decision = decide(job(**on), world(services=False))
+    made = {f"{a.kind}/{a.name}": a.manifest for a in decision.of_type(CreateObject)}
+    budget = made["PodDisruptionBudget/tiny-rdzv"]
+    assert budget["apiVersion"] == "policy/v1"
+    assert budget["spec"] == {
+        "maxUnavailable": 0,
+        "selector": {"matchLabels": {"training.resilient.dev/job": "tiny",
+                                     "training.resilient.dev/role": "rendezvous"}},
+        "unhealthyPodEvictionPolicy": "AlwaysAllow"}
+    assert budget["metadata"]["ownerReferences"][0]["uid"] == "job-uid"
+    assert "PodDisruptionBudget/tiny-rdzv" not in created(decide(job(**on), world()))  # once
+    off = decide(job(), world(services=False))
+    assert "PodDisruptionBudget/tiny-rdzv" not in created(off)
+    assert "Service/tiny-rdzv" in created(off)
+
+
 def _decide_with(settings: Any, observed: Any) -> Any:
     j = job()
     return d.decide(job=j, plan=plan_for(j, settings), observed=observed, liveness={}, now=T0,

@@ -132,6 +132,18 @@ class FaultTolerance(ApiModel):
             "otherwise. May change at any time (new pods get it)."
         ),
     )
+    rendezvous_disruption_budget: Literal["Enabled", "Disabled"] = Field(
+        default="Disabled",
+        description=(
+            "`Enabled`: a PodDisruptionBudget `<job>-rdzv` (maxUnavailable 0) keeps a node drain "
+            "or any other eviction from taking the Ready rendezvous pod while the job runs: a "
+            "drain of its node then waits until the job ends or is suspended, or the pod is "
+            "deleted by hand. `Disabled` (default, as for trainer pods: drains always proceed): "
+            "an evicted rendezvous pod stops every pod with a checkpoint of its current step "
+            "and the whole job starts again, spending no budget. Read when the rendezvous "
+            "Service is created (the job's first start)."
+        ),
+    )
     spares: int = Field(
         default=0,
         description=(

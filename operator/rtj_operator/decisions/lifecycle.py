@@ -61,6 +61,11 @@ def ensure_services_and_claim(p: Pass) -> None:
     elif policy is not None and digest is not None and p.observed.network_policy != digest:
         _sync_network_policy(p, policy, digest)
     if not p.observed.rendezvous_service:
+        # The budget goes with the rendezvous Service, as the NetworkPolicy with the headless
+        # one (the operator lists no budgets).
+        if p.spec.fault_tolerance.rendezvous_disruption_budget == "Enabled":
+            p.create(builders.rendezvous_disruption_budget(p.job),
+                     "no eviction of the rendezvous pod while the job runs")
         p.create(builders.rendezvous_service(p.job, settings=p.settings),
                  "the rendezvous endpoint of ft_launcher")
     checkpoint = p.spec.checkpoint
