@@ -32,7 +32,7 @@ excerpt() {  # the launcher/trainer lines of each run's log, small enough to bri
   done > "$2"
 }
 if [[ ,${PART:-steps,recovery}, == *,steps,* ]]; then
-  for model in gpt hf; do
+  for model in ${MODELS:-gpt hf}; do
     rm -rf /tmp/st
     extra=(); [[ $model == hf ]] && extra=("${HFSET[@]}")
     python3 bench/trainer_gpu.py --preset 1b --runs no_checkpoint --steps "${STEPS:-60}" \

@@ -9,6 +9,9 @@ Qwen, Mistral, Gemma and their relatives):
 - `build`: the model on a device, initialised from the config with the job's seed (identical on
   every rank), or on the meta device when a checkpoint or the directory's weights will overwrite
   every parameter (a restart then allocates only this rank's shards and runs no initialisation);
+- `fuse_norms`: the Llama-style RMSNorms (Llama, Mistral, Qwen2/3: the same forward) run as
+  `torch.nn.functional.rms_norm`, one kernel on CUDA instead of seven element-wise ones in fp32
+  (the HF model's step was 40 % slower than the GPT's of the same size on an H200, mostly there);
 - `decoder_layers`: the FSDP units (rtj_trainer.parallel shards each, then the root);
 - `restore_buffers`: non-persistent buffers (rotary embeddings' `inv_freq`) are in no state dict,
   so a model built on the meta device gets them computed again, from a fresh instance of the
@@ -19,12 +22,15 @@ Qwen, Mistral, Gemma and their relatives):
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
+import types
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 log = logging.getLogger(__name__)
@@ -58,7 +64,50 @@ def build(path: str | Path, *, device: torch.device | str, seed: int | None) -> 
         model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
             config, dtype=torch.float32)
     model.config.use_cache = False
+    fuse_norms(model)
     return model  # type: ignore[no-any-return]
+
+
+_LLAMA_NORM_SOURCE: list[str] = []
+
+
+def _llama_norm_forward_source() -> str:
+    if not _LLAMA_NORM_SOURCE:
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        _LLAMA_NORM_SOURCE.append(inspect.getsource(LlamaRMSNorm.forward))
+    return _LLAMA_NORM_SOURCE[0]
+
+
+def _is_llama_norm(module: nn.Module) -> bool:
+    """The module's forward is LlamaRMSNorm's, character for character (Gemma's `1 + weight`
+    norm, for one, is not)."""
+    forward = getattr(type(module), "forward", None)
+    if forward is None or not hasattr(module, "variance_epsilon"):
+        return False
+    try:
+        return inspect.getsource(forward) == _llama_norm_forward_source()
+    except (OSError, TypeError):
+        return False
+
+
+def _fused_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    weight = self.weight
+    if weight.dtype != hidden_states.dtype:  # no mixed-precision cast: HF's own arithmetic
+        return type(self).forward(self, hidden_states)  # type: ignore[no-any-return]
+    return F.rms_norm(hidden_states, (hidden_states.shape[-1],), weight,
+                      self.variance_epsilon)
+
+
+def fuse_norms(model: nn.Module) -> int:
+    """Run every Llama-style RMSNorm of `model` as `F.rms_norm` (computed in fp32 inside, like
+    HF's, rounded once instead of twice); returns how many."""
+    fused = 0
+    for module in model.modules():
+        if _is_llama_norm(module):
+            module.forward = types.MethodType(_fused_rms_norm, module)  # type: ignore[method-assign]
+            fused += 1
+    return fused
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -12,8 +12,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
-MAX_NODES = 1024
-"""Most trainer pods (node indexes) of one job: spec.nodes and status.ranks are bounded by it."""
+MAX_NODES = 8192
+"""Most trainer pods (node indexes) of one job: spec.nodes and status.ranks are bounded by it
+(16,384 H100s in p5 nodes are 2,048 nodes; docs/scale.md)."""
 
 
 class ApiModel(BaseModel):

@@ -36,6 +36,13 @@ MAX_EXCLUDED_NODES = 32
 RANKS_DETAIL_LIMIT = 64
 """Above this many trainer pods, the status written to the API lists only the ranks that are
 not Running (`compact_ranks`): a 1,000-node job does not rewrite 1,000 entries."""
+RANKS_LISTED_LIMIT = 256
+"""At most this many entries of `ranks` are written (`compact_ranks`): an 8,192-node job whose
+pods are all Pending (its start) keeps its status far below etcd's 1.5 MiB object limit."""
+RANK_URGENCY = ("Failed", "Unresponsive", "Restarting", "Starting", "Pending", "Standby",
+                "Suspended", "Succeeded")
+"""Which not-Running ranks `compact_ranks` keeps first when there are more than
+RANKS_LISTED_LIMIT."""
 
 
 # --- the typed fields -------------------------------------------------------------------------
@@ -322,7 +329,9 @@ class ResilientTrainingJobStatus(ApiModel):
         default_factory=list,
         description=(
             f"One entry per node index; a job of more than {RANKS_DETAIL_LIMIT} trainer pods "
-            "lists only the pods that are not `Running` (`rankCounts` counts them all)."
+            "lists only the pods that are not `Running`, at most "
+            f"{RANKS_LISTED_LIMIT} of them, the most urgent states first (`rankCounts` counts "
+            "them all)."
         ),
         max_length=MAX_NODES,
         json_schema_extra={
@@ -369,7 +378,14 @@ class ResilientTrainingJobStatus(ApiModel):
 
 def compact_ranks(ranks: list[RankStatus]) -> list[RankStatus]:
     """`ranks` as the API stores them: every entry up to RANKS_DETAIL_LIMIT pods, else only the
-    entries whose state is not Running (the operator keeps the full list in memory)."""
+    entries whose state is not Running, and of those at most RANKS_LISTED_LIMIT, the most
+    urgent states first (RANK_URGENCY), in node-index order (the operator keeps the full list in
+    memory; `rankCounts` counts every pod)."""
     if len(ranks) <= RANKS_DETAIL_LIMIT:
         return ranks
-    return [rank for rank in ranks if rank.state != RankState.RUNNING]
+    listed = [rank for rank in ranks if rank.state != RankState.RUNNING]
+    if len(listed) <= RANKS_LISTED_LIMIT:
+        return listed
+    order = {state: i for i, state in enumerate(RANK_URGENCY)}
+    kept = sorted(listed, key=lambda r: (order.get(str(r.state), len(order)), r.node_index))
+    return sorted(kept[:RANKS_LISTED_LIMIT], key=lambda r: r.node_index)

@@ -20,7 +20,7 @@ from rtj_operator.decisions.podfaults import (
     training_done,
     training_finished,
 )
-from rtj_operator.decisions.state import Decision, Pass, from_unix, whole_second
+from rtj_operator.decisions.state import Decision, Pass, from_unix, some, whole_second
 from rtj_operator.intents import DeleteJob, DeletePod, Manifest, SetClaimOwner, SyncNetworkPolicy
 from rtj_operator.launcher import NO_RESTART_EXIT_CODE, TRAINER_FATAL_EXIT_CODE
 
@@ -240,7 +240,8 @@ def completion(p: Pass, start_time: datetime) -> Decision | None:
             return None  # the others are on their way out (torchelastic's exit barrier)
         # The survivors would wait in the exit barrier (up to 300 s) for a pod that never
         # comes, and a replacement would wait for a launcher round nobody else joins.
-        lost = "; ".join(behind)
+        lost = "; ".join(behind[:5]) + (f"; and {len(behind) - 5} more" if len(behind) > 5
+                                          else "")
         return _succeed(
             p, start_time,
             f"Training finished on every rank, its final checkpoint committed; then {lost}.",
@@ -256,7 +257,7 @@ def completion(p: Pass, start_time: datetime) -> Decision | None:
         failed = sorted(pod.name for pod in pods.values() if pod.phase == "Failed")
         return recovery.fail(
             p, Reason.PARTIAL,
-            f"some trainer pods succeeded but {', '.join(failed)} failed", start_time,
+            f"some trainer pods succeeded but {some(failed)} failed", start_time,
         )
     return None
 

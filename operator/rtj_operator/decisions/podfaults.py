@@ -20,7 +20,7 @@ from rtj_operator import naming
 from rtj_operator.api.vocabulary import ConditionType, IncidentCause, RankState
 from rtj_operator.decisions.clocks import completed_step, node_liveness
 from rtj_operator.decisions.hangs import finishing, hang_faults, node_heartbeat
-from rtj_operator.decisions.state import DetectedFault, Pass, iso
+from rtj_operator.decisions.state import DetectedFault, Pass, iso, some
 from rtj_operator.launcher import NO_RESTART_EXIT_CODE
 from rtj_operator.observed import PodView
 
@@ -271,7 +271,7 @@ def _built_from_another_spec(p: Pass) -> DetectedFault | None:
         return None
     return DetectedFault(
         IncidentCause.SPEC_CHANGED, None, p.now,
-        f"pod(s) {', '.join(stale)} run(s) an older spec (a setting that may change only while "
+        f"pod(s) {some(stale)} run(s) an older spec (a setting that may change only while "
         f"suspended changed without a suspend seen by the operator): every pod starts again "
         f"from the new spec", whole_job=True)
 

@@ -178,7 +178,8 @@ def recover(p: Pass, faults: list[DetectedFault], start_time: datetime) -> Decis
     window_start = p.now - timedelta(seconds=budget_full.window_seconds)
     spent_full = p.restarts_within(RecoveryAction.FULL_RESTART, window_start)
     first = faults[0]
-    summary = "; ".join(f.message for f in faults)
+    summary = "; ".join(f.message for f in faults[:3]) + (
+        f"; and {len(faults) - 3} more faults" if len(faults) > 3 else "")
     if spent_full >= budget_full.max:
         p.add_incident(first, RecoveryAction.FAIL, summary)
         return fail(

@@ -8,7 +8,7 @@ Every rule module takes the one `Pass` of the call (`p`) and records into it; on
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -293,3 +293,9 @@ class Pass:
         if current is None or current.attempt is None:
             return 0
         return current.attempt + 1
+
+
+def some(names: Sequence[str], shown: int = 5) -> str:
+    """`a, b, c, d, e and 3 more`: a list of pods (or faults) in a message, bounded."""
+    head = ", ".join(names[:shown])
+    return head + (f" and {len(names) - shown} more" if len(names) > shown else "")

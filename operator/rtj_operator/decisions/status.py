@@ -43,6 +43,7 @@ from rtj_operator.decisions.state import (
     Pass,
     from_unix,
     iso,
+    some,
     whole_second,
 )
 from rtj_operator.intents import CreateObject, CreateRefused, PostEvent
@@ -174,7 +175,11 @@ def _not_starting_detail(p: Pass) -> dict[ConditionType, tuple[str, str]]:
     if not p.not_starting:
         return {}
     word = re.sub(r"[^A-Za-z0-9_]", "", p.not_starting[0][1]) or "PodNotStarting"
-    message = "; ".join(f"pod {pod}: {reason}: {why}" for pod, reason, why in p.not_starting)
+    shown = 5
+    message = "; ".join(f"pod {pod}: {reason}: {why}"
+                        for pod, reason, why in p.not_starting[:shown])
+    if len(p.not_starting) > shown:
+        message += f"; and {len(p.not_starting) - shown} more pods"
     timeout = p.spec.fault_tolerance.pod_start_timeout_seconds
     return {ConditionType.PODS_NOT_STARTING: (
         word if word[0].isalpha() else f"P{word}",
@@ -303,7 +308,8 @@ def _conditions(
             observed_generation=p.job.metadata.generation,
             last_transition_time=p.now if moved or before is None else before.last_transition_time,
             reason=own_reason[:1024],
-            message=own_message[:32768] if status == "True" or kind in _SAY_WHY_FALSE else "",
+            message=(own_message[:MESSAGE_LIMIT]
+                     if status == "True" or kind in _SAY_WHY_FALSE else ""),
         ))
     return result
 
@@ -345,7 +351,7 @@ def build(
                                   reason, message, {**(details or {}), **own}),
         "state": state,
         "reason": reason,
-        "message": message[:32768],
+        "message": message[:MESSAGE_LIMIT],
         "nodes_ready": ready_nodes,
         "nodes_desired": p.spec.nodes,
         "nodes": f"{ready_nodes}/{p.spec.nodes}",
@@ -404,6 +410,12 @@ def decision(p: Pass, status: ResilientTrainingJobStatus) -> Decision:
                     memory=memory, unresponsive=p.unresponsive, recheck=p.recheck)
 
 
+MESSAGE_LIMIT = 4096
+"""Longest message the operator writes in a condition or `status.message` (the schema allows
+32,768): twelve condition types at the schema's limit alone would be 384 KiB, and an
+8,192-node job's status must stay far below etcd's 1.5 MiB (docs/scale.md)."""
+
+
 REFUSAL_MESSAGE_LIMIT = 4096
 """Characters of each refusal kept in the condition's message and the Event."""
 
@@ -417,7 +429,9 @@ def refusal_condition(refused: Sequence[CreateRefused]) -> tuple[str, str]:
               else Reason.NAME_TAKEN if any(r.name_taken for r in refused)
               else Reason.FORBIDDEN)
     message = "; ".join(f"{r.kind} {r.name}: {r.message[:REFUSAL_MESSAGE_LIMIT]}"
-                        for r in refused)
+                        for r in refused[:3])
+    if len(refused) > 3:
+        message += f"; and {len(refused) - 3} more ({some([r.name for r in refused[3:]])})"
     return reason, message
 
 
@@ -444,7 +458,7 @@ def with_refusals(
         if current.status == "True" and current.message == message:
             return decided
         conditions[index] = current.model_copy(update={
-            "status": "True", "reason": reason, "message": message[:32768],
+            "status": "True", "reason": reason, "message": message[:MESSAGE_LIMIT],
             "observed_generation": decided.status.observed_generation,
             "last_transition_time": (current.last_transition_time if current.status == "True"
                                      else whole_second(now)),
@@ -471,12 +485,12 @@ def invalid_spec(generation: int | None, message: str, now: datetime) -> Resilie
     """Status of a job whose spec the operator cannot parse (the CRD normally prevents it)."""
     condition = Condition(
         type=ConditionType.FAILED, status="True", observed_generation=generation,
-        last_transition_time=now, reason=Reason.INVALID, message=message[:32768],
+        last_transition_time=now, reason=Reason.INVALID, message=message[:MESSAGE_LIMIT],
     )
     return ResilientTrainingJobStatus(
         observed_generation=generation,
         state=JobState.FAILED,
         reason=Reason.INVALID,
-        message=message[:32768],
+        message=message[:MESSAGE_LIMIT],
         conditions=[condition],
     )

@@ -197,7 +197,8 @@ def start_warm_workers(launcher_args: list[str]) -> list[str]:
                     warmwire.SWITCH_ENV, warmwire.WORKER_MODULE)
         return launcher_args
     args, python = rewritten
-    pool = warmpool.WarmPool(shutil.which(python) or python, warmpool.pool_size(launcher_args))
+    pool = warmpool.WarmPool(shutil.which(python) or python, warmpool.pool_size(launcher_args),
+                             preload=warmwire.model_preloads(launcher_args))
     os.environ[warmwire.POOL_DIR_ENV] = pool.directory  # torchelastic passes it to the workers
     atexit.register(pool.close)
     pool.start()

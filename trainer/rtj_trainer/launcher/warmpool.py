@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..warm import wire as warmwire
@@ -46,11 +47,12 @@ class _Warm:
 class WarmPool:
     """`size` warm workers of interpreter `python`, listening in a private directory."""
 
-    def __init__(self, python: str, size: int) -> None:
+    def __init__(self, python: str, size: int, preload: Sequence[str] = ()) -> None:
         if size < 1:
             raise ValueError(f"warm pool size is {size}, not a positive number of processes")
         self.python = python
         self.size = size
+        self.preload = tuple(preload)
         self.directory = tempfile.mkdtemp(prefix="rtj-warm-")  # mode 0700
         self.started = 0
         self.taken = 0
@@ -67,6 +69,8 @@ class WarmPool:
         read_fd, write_fd = os.pipe()
         env = dict(os.environ)
         env[warmwire.POOL_DIR_ENV] = self.directory
+        if self.preload:
+            env[warmwire.PRELOAD_ENV] = ",".join(self.preload)
         try:
             process = subprocess.Popen(
                 [self.python, "-m", "rtj_trainer.warm.worker", f"--status-fd={write_fd}"],

@@ -151,6 +151,40 @@ def attach_argv(launcher_args: Sequence[str]) -> tuple[list[str], str] | None:
     return args, python
 
 
+PRELOAD_ENV = "RTJ_WARM_PRELOAD"
+"""Set by the pool for its warm workers: more modules to import ahead of time, comma-separated
+(`model_preloads`)."""
+HF_PATH_SETTING = "model.hf_path="
+
+
+def model_preloads(launcher_args: Sequence[str]) -> list[str]:
+    """The modules a worker of this command imports to build its model that a warm worker does
+    not import anyway: for `--set model.hf_path=DIR`, transformers and the modeling module of
+    DIR's `model_type` (2-5 s of imports, otherwise paid inside every restart). Nothing when the
+    directory or its config cannot be read (the worker reports that itself)."""
+    args = list(launcher_args)
+    path = None
+    for index, arg in enumerate(args):
+        value = arg.removeprefix("--set=")
+        if value.startswith(HF_PATH_SETTING):
+            path = value.removeprefix(HF_PATH_SETTING)
+        elif arg == "--set" and index + 1 < len(args) and args[index + 1].startswith(
+                HF_PATH_SETTING):
+            path = args[index + 1].removeprefix(HF_PATH_SETTING)
+    if not path:
+        return []
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as file:
+            config = json.load(file)
+    except (OSError, ValueError):
+        return []
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    modules = ["transformers", "transformers.modeling_utils", "rtj_trainer.hfmodel"]
+    if isinstance(kind, str) and kind.isidentifier():
+        modules.append(f"transformers.models.{kind}.modeling_{kind}")
+    return modules
+
+
 def startup_env_mismatch(worker: Mapping[str, str], warm: Mapping[str, str]) -> str | None:
     """The first variable read at interpreter start or torch import whose value differs between
     the worker's environment and the warm worker's (None: they agree)."""

@@ -66,6 +66,12 @@ def preimport() -> None:
 
     for name in PRELOADED:
         importlib.import_module(name)
+    for name in filter(None, os.environ.get(warmwire.PRELOAD_ENV, "").split(",")):
+        try:  # the model's modules (warmwire.model_preloads): a worker without them still runs
+            importlib.import_module(name)
+        except Exception as exc:  # any import error: the worker reports it itself
+            print(f"[rtj-warm] warm worker {os.getpid()}: cannot preload {name}: {exc!r}",
+                  file=sys.stderr)
 
 
 def listen(pool_dir: str) -> tuple[socket.socket, str]:
