@@ -92,11 +92,11 @@ def _is_llama_norm(module: nn.Module) -> bool:
 
 
 def _fused_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    weight = self.weight
+    weight: torch.Tensor = self.weight  # type: ignore[assignment]
+    eps: float = self.variance_epsilon  # type: ignore[assignment]
     if weight.dtype != hidden_states.dtype:  # no mixed-precision cast: HF's own arithmetic
         return type(self).forward(self, hidden_states)  # type: ignore[no-any-return]
-    return F.rms_norm(hidden_states, (hidden_states.shape[-1],), weight,
-                      self.variance_epsilon)
+    return F.rms_norm(hidden_states, (hidden_states.shape[-1],), weight, eps)
 
 
 def fuse_norms(model: nn.Module) -> int:
