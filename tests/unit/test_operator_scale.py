@@ -177,3 +177,29 @@ def test_a_finished_job_whose_pods_ended_and_stay_for_their_logs_costs_no_pass()
     deleting = [*ended[:2], {"metadata": gone_soon, "status": {"phase": "Failed"}}]
     assert jobloop.running_pods(running) == 1 and jobloop.running_pods(deleting) == 1
     assert not jobloop.finished_and_idle("Succeeded", jobloop.running_pods(running), None)
+
+
+def test_the_largest_status_of_an_8192_node_job_stays_under_512_kib() -> None:
+    """Issue #33: every pod Pending (the job's start, the worst case for `ranks`), every list at
+    the size the operator keeps, every message at its limit. Before the cap every Pending pod was
+    listed (≈ 2.2 MiB: over etcd's 1.5 MiB)."""
+    import json
+
+    from unit.worst_status import worst_status
+
+    status = worst_status(8192)
+    size = len(json.dumps(status, separators=(",", ":")).encode())
+    assert len(status["ranks"]) == 256
+    assert size <= 512 * 1024, size
+
+
+def test_a_large_job_lists_its_most_urgent_ranks_first_when_too_many_are_not_running() -> None:
+    states = {5: "Failed", 4000: "Unresponsive", 7000: "Restarting"}
+    ranks = [RankStatus(node_index=i, state=states.get(i, "Pending" if i % 2 else "Running"))
+             for i in range(8192)]
+    listed = compact_ranks(ranks)
+    assert len(listed) == 256
+    assert [r.node_index for r in listed][:1] == [1] and {5, 4000, 7000} <= {
+        r.node_index for r in listed}
+    assert [r.node_index for r in listed] == sorted(r.node_index for r in listed)
+    assert all(r.state != "Running" for r in listed)
