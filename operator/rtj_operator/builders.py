@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from rtj_wire.pod import pod_endpoint_port
 
-from rtj_operator import launcher, naming, podextras, profiles
+from rtj_operator import launcher, naming, podextras, podsecurity, profiles
 from rtj_operator.api import API_VERSION, KIND
 from rtj_operator.api.models import ResilientTrainingJob
 from rtj_operator.config import OperatorSettings, label_map
@@ -92,48 +92,6 @@ def _scheduling(job: ResilientTrainingJob) -> Manifest:
     return spec
 
 
-POD_SECURITY_DEFAULTS: Manifest = {
-    "runAsNonRoot": True,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-"""Every pod's securityContext unless podTemplate.securityContext replaces a field: what Pod
-Security `restricted` asks of a pod (the trainer image runs as user 10001)."""
-CONTAINER_SECURITY_DEFAULTS: Manifest = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-}
-"""Every container's securityContext unless podTemplate.containerSecurityContext replaces a
-field: what Pod Security `restricted` asks of a container."""
-MEMORY_LOCK_CAPABILITY = "IPC_LOCK"
-"""Added to the trainer container with podTemplate.memoryLock (EFA pins memory for RDMA
-[aws-sample]); not in Pod Security `baseline`."""
-
-
-def pod_security_context(job: ResilientTrainingJob) -> Manifest:
-    """The pod securityContext: the defaults, each field the template sets replacing its own."""
-    template = job.spec.pod_template
-    merged = copy.deepcopy(POD_SECURITY_DEFAULTS)
-    if template is not None and template.security_context is not None:
-        merged.update(template.security_context.to_api())
-    return merged
-
-
-def container_security_context(job: ResilientTrainingJob, *, memory_lock: bool) -> Manifest:
-    """A container's securityContext: the defaults, each field the template sets replacing its
-    own (`capabilities` as a whole), then IPC_LOCK added when `memory_lock`."""
-    template = job.spec.pod_template
-    merged = copy.deepcopy(CONTAINER_SECURITY_DEFAULTS)
-    if template is not None and template.container_security_context is not None:
-        merged.update(template.container_security_context.to_api())
-    if memory_lock:
-        capabilities = merged.setdefault("capabilities", {})
-        added = list(capabilities.get("add") or [])
-        if MEMORY_LOCK_CAPABILITY not in added:
-            added.append(MEMORY_LOCK_CAPABILITY)
-        capabilities["add"] = added
-    return merged
-
-
 def _automount_token(job: ResilientTrainingJob) -> bool:
     template = job.spec.pod_template
     return template is not None and template.automount_service_account_token
@@ -199,7 +157,7 @@ def trainer_pod(
         "terminationGracePeriodSeconds": plan.termination_grace_period_seconds,
         "enableServiceLinks": False,
         "automountServiceAccountToken": _automount_token(job),
-        "securityContext": pod_security_context(job),
+        "securityContext": podsecurity.pod_security_context(job),
         "containers": [container],
         "volumes": volumes,
         **_scheduling(job),
@@ -301,7 +259,7 @@ def _trainer_container(
         # none and the container failed, the kubelet keeps the log's tail there instead.
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": container_security_context(
+        "securityContext": podsecurity.container_security_context(
             job, memory_lock=template is not None and template.memory_lock),
         **podextras.container_extras(job),
     }
@@ -321,7 +279,7 @@ def rendezvous_pod(
         "restartPolicy": "Never",
         "enableServiceLinks": False,
         "automountServiceAccountToken": _automount_token(job),
-        "securityContext": pod_security_context(job),
+        "securityContext": podsecurity.pod_security_context(job),
         "terminationGracePeriodSeconds": 10,
         "containers": [
             {
@@ -333,7 +291,7 @@ def rendezvous_pod(
                 "ports": [{"name": "rendezvous", "containerPort": settings.rendezvous_port,
                            "protocol": "TCP"}],
                 "resources": {"requests": dict(RENDEZVOUS_REQUESTS)},
-                "securityContext": container_security_context(job, memory_lock=False),
+                "securityContext": podsecurity.container_security_context(job, memory_lock=False),
             }
         ],
         **_scheduling(job),

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from rtj_operator import builders
+from rtj_operator import builders, podsecurity
 from rtj_operator.api.models import parse_job
 from rtj_operator.config import OperatorSettings
 from rtj_operator.podplan import plan_for
@@ -366,7 +366,7 @@ def test_the_templates_security_contexts_replace_the_defaults_field_by_field() -
         "capabilities": {"add": ["SYS_PTRACE", "IPC_LOCK"], "drop": ["NET_RAW"]},
     }
     assert pod["spec"]["automountServiceAccountToken"] is True
-    assert builders.POD_SECURITY_DEFAULTS == RESTRICTED_POD, "the defaults are not mutated"
+    assert podsecurity.POD_SECURITY_DEFAULTS == RESTRICTED_POD, "the defaults are not mutated"
 
 
 def test_the_accepted_foreign_jobs_reach_the_trainer_only_when_named() -> None:

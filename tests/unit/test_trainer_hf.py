@@ -21,7 +21,7 @@ from rtj_trainer.checkpoint import Checkpointer
 from rtj_trainer.config import ConfigError, build_config
 from rtj_trainer.data import TokenBatches
 from rtj_trainer.export import main as export_main
-from rtj_trainer.trainer import HF_CONFIG
+from rtj_trainer.statekeys import HF_CONFIG
 from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,

@@ -16,8 +16,9 @@ import torch.distributed as dist
 from rtj_trainer import checkpoint as ck
 from rtj_trainer import parallel
 from rtj_trainer.carry import CarryOver
-from rtj_trainer.config import CheckpointConfig, LaunchEnvironment, build_config
+from rtj_trainer.config import CheckpointConfig, build_config
 from rtj_trainer.data import TokenBatches
+from rtj_trainer.launchenv import LaunchEnvironment
 
 pytestmark = pytest.mark.unit
 

@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING
 from rtj_wire.pod import PEER_STOPPED_EXIT_CODE
 
 from . import termination
-from .config import build_config, launch_environment
+from .config import build_config
 from .errors import FATAL_EXIT_CODE, FatalError
+from .launchenv import launch_environment
 from .presets import PRESETS
 from .stop import STOP, STOP_NOT_COMMITTED, exit_now, exit_soon, stop_exit_code
 from .stop import register as register_stop_signal

@@ -6,9 +6,8 @@ A run is configured in layers, later ones winning: a named preset (`tiny` for CP
 into the preset's dict, and pydantic validates the result once, so a bad value anywhere produces
 one error that names the field path (`checkpoint.interval_steps: ...`).
 
-The launcher's variables (RANK, LOCAL_RANK, WORLD_SIZE, TORCHELASTIC_RESTART_COUNT, ...) are also
-read here, by `launch_environment()`. In-process restart rewrites RANK and WORLD_SIZE for each
-restart iteration, so callers read them at the start of every iteration, not once per process.
+The launcher's variables (RANK, LOCAL_RANK, WORLD_SIZE, TORCHELASTIC_RESTART_COUNT, ...) are read
+by rtj_trainer.launchenv.
 """
 
 from __future__ import annotations
@@ -463,39 +462,3 @@ def build_config(
         return Config.model_validate(tree)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
-
-
-class LaunchEnvironment(BaseModel):
-    """What the launcher (ft_launcher/torchrun, or the in-process wrapper) tells a worker."""
-
-    model_config = ConfigDict(frozen=True)
-
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    local_world_size: int = 1
-    """LOCAL_WORLD_SIZE: ranks of this launcher (pod)."""
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-    launcher_restart_count: int = 0
-    """TORCHELASTIC_RESTART_COUNT: ft_launcher's cycle number inside this pod."""
-    under_rank_monitor: bool = False
-    """True when an NVRx rank monitor is listening (FT_RANK_MONITOR_IPC_SOCKET is set)."""
-
-
-def launch_environment(env: Mapping[str, str] | None = None) -> LaunchEnvironment:
-    """Read RANK, LOCAL_RANK, WORLD_SIZE, MASTER_* and the ft_launcher variables."""
-    source = os.environ if env is None else env
-    try:
-        return LaunchEnvironment(
-            rank=int(source.get("RANK", "0")),
-            local_rank=int(source.get("LOCAL_RANK", "0") or 0),
-            world_size=int(source.get("WORLD_SIZE", "1")),
-            local_world_size=int(source.get("LOCAL_WORLD_SIZE", "1")),
-            master_addr=source.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=int(source.get("MASTER_PORT", "29500")),
-            launcher_restart_count=int(source.get("TORCHELASTIC_RESTART_COUNT", "0")),
-            under_rank_monitor=bool(source.get("FT_RANK_MONITOR_IPC_SOCKET")),
-        )
-    except ValueError as exc:
-        raise ConfigError(f"launcher environment: {exc}") from None

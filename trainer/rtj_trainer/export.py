@@ -30,7 +30,7 @@ from .checkpoint import (
 )
 from .checkpoint.reshard import whole
 from .parallel import MODEL
-from .trainer import HF_CONFIG
+from .statekeys import HF_CONFIG
 
 FORMATS = ("hf",)
 

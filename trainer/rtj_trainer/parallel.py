@@ -40,7 +40,8 @@ from . import gloocut, hfmodel
 from .checkpoint import reshard
 from .checkpoint.format import CheckpointError
 from .checkpoint.reshard import SHARDING
-from .config import Config, LaunchEnvironment
+from .config import Config
+from .launchenv import LaunchEnvironment
 from .model import GPT
 
 MODEL = "model"

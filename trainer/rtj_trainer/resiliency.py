@@ -57,8 +57,9 @@ from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 from . import podloss, timeline
 from .carry import CarryOver
 from .checkpoint import ProcessWriter, close_interrupted, stage_offered
-from .config import Config, ConfigError, LaunchEnvironment, launch_environment
+from .config import Config, ConfigError
 from .errors import FatalError
+from .launchenv import LaunchEnvironment, launch_environment
 from .nvrx import inprocess, monitor
 from .nvrx import store as wrapper_store
 from .nvrx.inprocess import WrapperHandle, waiting_as_spare

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from . import hfmodel, parallel, timeline
+from .attempt import agree_on_identity, agree_on_ledger
 from .checkpoint import (
     Checkpointer,
     CommitTimeoutError,
@@ -38,83 +39,31 @@ from .config import Config
 from .data import TokenBatches
 from .errors import DataMismatchError
 from .gloocut import GlooConnections
-from .ledger import LEDGER_FILE, Ledger, advance_ledger
+from .ledger import LEDGER_FILE, Ledger
 from .metrics import Snapshot
 from .resiliency import Session
+from .statekeys import (
+    CONSUMED,
+    DATA,
+    FINGERPRINT,
+    HF_CONFIG,
+    LOSS,
+    LOSSES_FILE,
+    MONITOR,
+    NEXT_STEP,
+    PRODUCTIVE_SECONDS,
+    RNG,
+    STEP,
+    STEP_COMPLETED_AT,
+)
 from .stop import StopAgreement
 
 log = logging.getLogger(__name__)
 
-STEP = "step"
-"""The last completed step."""
-DATA = "data"
-"""Where the data stream stands: `{NEXT_STEP: ..., FINGERPRINT: ..., CONSUMED: ...}`."""
-RNG = "rng"
-MONITOR = "monitor"
-"""The NVRx rank monitor's state (learned timeouts)."""
-PRODUCTIVE_SECONDS = "productive_seconds"
-"""Wall seconds of the steps up to this checkpoint (the productive-seconds counter resumes here)."""
-STEP_COMPLETED_AT = "step_completed_at"
-"""When the step first completed (a resume counts the seconds since then as lost)."""
-LOSS = "loss"
-"""The loss of the last completed step (the summary's `final_loss` of an attempt that resumes at
-the last step and runs none)."""
-HF_CONFIG = "hf_config"
-"""With `model.hf_path`: the model's config.json (text), so that an export of the checkpoint is a
-complete Hugging Face directory (rtj_trainer.export)."""
-NEXT_STEP = "next_step"
-FINGERPRINT = "fingerprint"
-CONSUMED = "consumed"
-"""Blocks of a kind=hf stream read by the whole job (TokenBatches.consumed)."""
-LOSSES_FILE = "losses.jsonl"
 _FROM = {"local": " from the node-local copies", "memory": " from the staging copy in memory",
          "resharded": " written at another world size, resharded",
          "live": " from the training state at the fault, kept in memory (no step recomputed)"}
 """How the resume log names where a checkpoint was read from (the shared store: nothing)."""
-
-
-def _agree_on_identity(cfg: Config, session: Session, ctx: parallel.DistributedContext) -> tuple[
-    str, dict[str, int]
-]:
-    """Rank 0 names this attempt (checkpoint directories carry the name); all ranks report their
-    pod's attempt number so restarts can be classified."""
-    attempts: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(attempts, (str(cfg.job.node_index), cfg.job.attempt))
-    pod_attempts = dict(attempts)
-    name = [
-        f"a{sum(pod_attempts.values())}-l{session.launch.launcher_restart_count}"
-        f"-i{session.iteration}-{int(time.time() * 1000) % 10**8}"
-    ]
-    dist.broadcast_object_list(name, src=0)
-    return str(name[0]), pod_attempts
-
-
-def _reconcile_ledger(
-    cfg: Config,
-    session: Session,
-    pod_attempts: dict[str, int],
-    resumed_step_completed_at: float | None,
-    resumed_step: int | None,
-    rank: int,
-) -> Ledger:
-    """Rank 0 advances job-state.json for this attempt; every rank gets the same ledger."""
-    box: list[Any] = [None]
-    if rank == 0:
-        path = cfg.run_dir / LEDGER_FILE
-        ledger = advance_ledger(
-            Ledger.read(path),
-            now=time.time(),
-            pod_attempts=pod_attempts,
-            launcher_restart_count=session.launch.launcher_restart_count,
-            inprocess_iteration=session.iteration,
-            resumed_step_completed_at=resumed_step_completed_at,
-            resumed_step=resumed_step,
-        )
-        ledger.write(path)
-        box[0] = ledger
-    dist.broadcast_object_list(box, src=0)
-    result: Ledger = box[0]
-    return result
 
 
 def _release(ctx: parallel.DistributedContext, gloo: GlooConnections, *, clean: bool) -> None:
@@ -135,7 +84,7 @@ class Trainer:
         self.session = session
         self.ctx = ctx
         self.rank = ctx.rank
-        self.identity, self._pod_attempts = _agree_on_identity(cfg, session, ctx)
+        self.identity, self._pod_attempts = agree_on_identity(cfg, session, ctx)
         timeline.mark("identity")
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.data = TokenBatches(cfg.data, seq_len=cfg.model.seq_len,
@@ -303,7 +252,7 @@ class Trainer:
                 log.info("resumed from %s (step %d)%s%s", loaded.directory.name, self.current_step,
                          _FROM.get(loaded.source, ""),
                          f"; rejected: {list(loaded.rejected)}" if loaded.rejected else "")
-        self.ledger = _reconcile_ledger(self.cfg, self.session, self._pod_attempts, completed_at,
+        self.ledger = agree_on_ledger(self.cfg, self.session, self._pod_attempts, completed_at,
                                         resumed_step, self.rank)
         self.session.heartbeat()
         if self.rank == 0:

@@ -45,8 +45,8 @@ from ..config import (
     JobConfig,
     MetricsConfig,
     environment_overrides,
-    launch_environment,
 )
+from ..launchenv import launch_environment
 from ..ledger import LEDGER_FILE, Ledger, advance_ledger
 from ..metrics import Snapshot, TrainerMetrics
 from ..nvrx import monitor
