@@ -11,6 +11,13 @@ Checkpoint efficiency of a fault-free run = (step-loop seconds - checkpoint stal
 step-loop seconds: the share of the loop not blocked by checkpointing (the seed's "async
 checkpointing 99 % efficient").
 
+`baseline` (issue #32): what a Kubeflow PyTorchJob user runs instead, same model, data, steps,
+checkpoint interval and fault schedule, in the same run: `torchrun --max-restarts` over
+bench/baseline_trainer.py (torch.distributed.checkpoint async saves; hang protection: the
+collective timeout, `--baseline-collective-timeout`, PyTorch's NCCL default 600 s). A run that
+does not finish within `--run-timeout` (a hang with one rank never recovers) is reported as not
+completed. With it and a run of ours, the JSON has `ratio`: our goodput / the baseline's.
+
     python -m bench.goodput --out results/goodput.json
 """
 
@@ -29,7 +36,7 @@ from .common import add_local_run_arguments, format_table, machine_description, 
 from .localrun import LocalRun, run_local_trainer
 
 DEFAULT_FAULTS = "330:1:exception,740:0:sigkill,1130:1:hang,1560:0:exception,1870:1:sigkill"
-VARIANTS = ("faulted", "clean", "sync", "faulted-inprocess")
+VARIANTS = ("faulted", "clean", "sync", "faulted-inprocess", "baseline")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--variants", default="faulted,clean,sync",
                         help=f"comma-separated subset of: {', '.join(VARIANTS)} "
                              "(default faulted,clean,sync)")
+    parser.add_argument("--baseline-collective-timeout", type=float, default=600.0,
+                        help="baseline: init_process_group timeout, seconds (default 600)")
     add_local_run_arguments(parser, run_timeout=1200.0)
     args = parser.parse_args(argv)
     unknown = [v for v in args.variants.split(",") if v and v not in VARIANTS]
@@ -88,6 +97,22 @@ def run_figures(run: LocalRun) -> dict[str, Any]:
     return figures
 
 
+def goodput_ratio(runs: dict[str, Any]) -> dict[str, Any] | None:
+    """Our faulted run's goodput over the baseline's (same faults, same run), when both ran;
+    a baseline that never finished has no goodput: the ratio is then None, and says why."""
+    ours_name = next((n for n in ("faulted-inprocess", "faulted") if n in runs), None)
+    if ours_name is None or "baseline" not in runs:
+        return None
+    ours = runs[ours_name]["figures"].get("goodput")
+    theirs = runs["baseline"]["figures"].get("goodput")
+    ratio = round(ours / theirs, 3) if ours and theirs else None
+    why = None if ratio is not None else (
+        "the baseline did not finish within --run-timeout" if not theirs else
+        f"{ours_name} did not finish")
+    return {"ours": ours_name, "ours_goodput": ours, "baseline_goodput": theirs, "ratio": ratio,
+            "why_none": why}
+
+
 def render(results: dict[str, Any]) -> str:
     def pct(value: Any) -> str:
         return f"{100 * value:.1f} %" if isinstance(value, (int, float)) else "-"
@@ -117,6 +142,9 @@ def render(results: dict[str, Any]) -> str:
         f"{settings['checkpoint_interval']} steps (faulted runs: {settings['faults']}):",
         "",
         format_table(header, rows),
+        *([] if not results.get("ratio") else [
+            "", f"Goodput ratio {results['ratio']['ours']} / baseline: "
+                f"{results['ratio']['ratio'] or results['ratio']['why_none']}"]),
     ])
 
 
@@ -132,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         "faulted-inprocess": {"faults": args.faults, "sets": base_sets, "inprocess": True},
         "clean": {"faults": "", "sets": base_sets, "inprocess": False},
         "sync": {"faults": "", "sets": [*base_sets, "checkpoint.mode=sync"], "inprocess": False},
+        "baseline": {"faults": args.faults, "sets": base_sets, "inprocess": False,
+                     "baseline": True},
     }
     results: dict[str, Any] = {
         "benchmark": "goodput",
@@ -156,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             heartbeat_timeout_seconds=args.heartbeat_timeout,
             max_restarts=faults_count + 3,
             timeout_seconds=args.run_timeout,
+            baseline=plan.get("baseline", False),
+            collective_timeout_seconds=args.baseline_collective_timeout,
         )
         figures = run_figures(run)
         print(f"[bench.goodput] {name}: rc={run.rc} goodput={figures.get('goodput')} "
@@ -163,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
               + (" WARNING: trainer sources changed during the run"
                  if run.trainer_source_changed else ""), flush=True)
         results["runs"][name] = {"figures": figures, "run": run.as_dict()}
+    results["ratio"] = goodput_ratio(results["runs"])
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     results["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     write_json(args.out, results)

@@ -35,6 +35,7 @@ from typing import Any
 from .common import REPO_ROOT, TRAINER_SOURCES, StampedLine, StampedProcess, source_fingerprint
 
 TRAIN_LOCAL = REPO_ROOT / "trainer" / "scripts" / "train-local.sh"
+BASELINE_TRAINER = REPO_ROOT / "bench" / "baseline_trainer.py"
 _LAUNCHER_EVENT = re.compile(
     r"Cycle: (\d+) Event: (\w+) .*Time: (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) UTC"
 )
@@ -387,9 +388,14 @@ def run_local_trainer(
     max_restarts: int = 3,
     timeout_seconds: float = 600.0,
     extra_env: Mapping[str, str] | None = None,
+    baseline: bool = False,
+    collective_timeout_seconds: float = 600.0,
 ) -> LocalRun:
     """One run of train-local.sh in a fresh `run_dir`; waits for the summary and the launcher's
-    exit (ending everything it started in any case)."""
+    exit (ending everything it started in any case). `baseline`: instead, the plain torchrun
+    script a PyTorchJob user runs (bench/baseline_trainer.py: DCP async saves, `torchrun
+    --max-restarts`, no heartbeats; its hang protection the collective timeout), with the same
+    ranks (`RTJ_NPROC_PER_NODE`, default 2), faults and settings."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in run_dir.iterdir():
         raise FileExistsError(f"run directory {run_dir} is not empty ({stale.name})")
@@ -406,6 +412,18 @@ def run_local_trainer(
     settings = {"faults": faults, "sets": list(sets), "inprocess": inprocess,
                 "heartbeat_timeout_seconds": heartbeat_timeout_seconds,
                 "max_restarts": max_restarts}
+    if baseline:
+        venv = Path(os.environ.get("RTJ_VENV", REPO_ROOT / ".venv"))
+        env.update({"RTJ_CHECKPOINT_DIR": str(run_dir), "RTJ_FAULT_INJECTION": "1",
+                    "PYTHONUNBUFFERED": "1"})
+        command = [str(venv / "bin" / "python"), "-m", "torch.distributed.run", "--standalone",
+                   "--nnodes=1", f"--nproc-per-node={env.get('RTJ_NPROC_PER_NODE', '2')}",
+                   f"--max-restarts={max_restarts}", str(BASELINE_TRAINER),
+                   f"--collective-timeout={collective_timeout_seconds:g}", "--preset", "tiny",
+                   *[part for s in sets for part in ("--set", s)]]
+        settings = {"faults": faults, "sets": list(sets), "baseline": True,
+                    "max_restarts": max_restarts,
+                    "collective_timeout_seconds": collective_timeout_seconds}
     log_path = run_dir.parent / f"{run_dir.name}.log"
     source_before = source_fingerprint(*TRAINER_SOURCES)
     process = StampedProcess(command, log_path=log_path, env=env)
