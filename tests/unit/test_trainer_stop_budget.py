@@ -177,3 +177,46 @@ def test_the_launcher_shim_tells_its_workers_its_term_timeout() -> None:
     cfg = build_config(env={"RTJ_TERM_TIMEOUT_SECONDS": "108.0"})
     assert cfg.checkpoint.stop_timeout_seconds == 108.0
     assert build_config(env={}).checkpoint.stop_timeout_seconds == 120.0
+
+
+SYNC_BARRIER = '''
+import os, sys, time, datetime
+import torch.distributed as dist
+rank = int(sys.argv[1])
+store = dist.FileStore(sys.argv[2], 2)
+dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=60))
+if rank == 1:
+    time.sleep(30)  # alive, never at the barrier: a peer the stop's SIGKILL is about to end
+    sys.exit(0)
+from rtj_trainer.checkpoint import CommitTimeoutError
+from rtj_trainer.checkpoint.committer import barrier_until
+began = time.monotonic()
+try:
+    barrier_until(time.monotonic() + 1.0, 7)
+except CommitTimeoutError as exc:
+    print(f"gave up after {time.monotonic() - began:.1f} s: {exc}", flush=True)
+    os._exit(0)
+os._exit(3)
+'''
+
+
+def test_a_synchronous_stop_save_gives_up_at_the_stops_deadline(tmp_path: Path) -> None:
+    """review-2 F5, the Sync-mode gap: the synchronous save's barrier waited for a peer that
+    never came until the collective timeout (60 s here, 600 s by default); with the stop's
+    deadline it gives up at the deadline, as the async path does. Two real gloo ranks."""
+    import subprocess
+    import sys
+
+    store = tmp_path / "store"
+    ranks = [subprocess.Popen([sys.executable, "-c", SYNC_BARRIER, str(rank), str(store)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    try:
+        out, err = ranks[0].communicate(timeout=45)
+    finally:
+        ranks[1].kill()
+    assert ranks[0].returncode == 0, err[-2000:]
+    assert "within the stop's budget" in out
+    waited = float(out.split("gave up after ")[1].split(" s")[0])
+    assert 1.0 <= waited < 30  # at the deadline, not at the 60 s collective timeout

@@ -41,13 +41,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ..carry import CarryOver
 from ..config import CheckpointConfig
 from ..nvrx import asyncwriter
 from .carried import ProcessWriter
-from .committer import CheckpointStats, CommitOutcome, CommitProgressReader, CommitWorker
+from .committer import (
+    CheckpointStats,
+    CommitOutcome,
+    CommitProgressReader,
+    CommitTimeoutError,
+    CommitWorker,
+    barrier_until,
+)
 from .format import (
     CheckpointError,
     Manifest,
@@ -75,10 +81,6 @@ from .store import append_commit_log, write_latest_committed_step
 from .writer import write_shard
 
 log = logging.getLogger(__name__)
-
-
-class CommitTimeoutError(CheckpointError):
-    """A wait for commits (or for this rank's own write) ran past its deadline."""
 
 
 @dataclass(slots=True)
@@ -250,7 +252,7 @@ class Checkpointer(Resumable):
             pending.written = True
             self._pending.append(pending)
             pending.stall_seconds = time.perf_counter() - began  # so far; the commit logs it
-            dist.barrier()
+            barrier_until(deadline, step)
             if self.rank == 0:  # sync mode: the commit is part of the save
                 self.wait_until_committed(
                     None if deadline is None else max(0.0, deadline - time.monotonic()))

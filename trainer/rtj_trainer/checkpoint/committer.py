@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from ..files import write_json_atomic
-from .format import MANIFEST, Manifest
+from .format import MANIFEST, CheckpointError, Manifest
 from .pruning import mark_owner
 from .store import abandon, commit, failed_writes, missing_records, record_listing
 
@@ -232,3 +234,25 @@ class CommitWorker:
         write_commit_progress(self.root, identity=self.identity, outcomes=self._resolved)
         for old in sorted(self._resolved)[:-_RECENT_OUTCOMES]:
             del self._resolved[old]
+
+
+class CommitTimeoutError(CheckpointError):
+    """A wait for commits (or for this rank's own write) ran past its deadline."""
+
+
+def barrier_until(deadline: float | None, step: int, *, pause: float = 0.01) -> None:
+    """The synchronous save's barrier; with a stop's `deadline` (time.monotonic), given up at it
+    with CommitTimeoutError: a peer SIGKILLed during the stop never comes, and every rank must
+    give up within the stop's budget as the async path does (review-2 F5), not at the collective
+    timeout."""
+    if deadline is None:
+        dist.barrier()
+        return
+    work = dist.barrier(async_op=True)
+    assert work is not None
+    while not work.is_completed():
+        if time.monotonic() >= deadline:
+            raise CommitTimeoutError(f"the synchronous save of step {step}: not every rank wrote "
+                                     "its shard within the stop's budget")
+        time.sleep(pause)
+    work.wait()
