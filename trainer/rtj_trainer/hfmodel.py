@@ -65,7 +65,53 @@ def build(path: str | Path, *, device: torch.device | str, seed: int | None) -> 
             config, dtype=torch.float32)
     model.config.use_cache = False
     fuse_norms(model)
+    contiguous_rope(model)
     return model  # type: ignore[no-any-return]
+
+
+ROPE_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+"""Model families whose `apply_rotary_pos_emb` is Llama's (`q * cos + rotate_half(q) * sin`)."""
+
+
+def _rope_in_place_layout(original: Any) -> Any:
+    def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                             sin: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs.get("unsqueeze_dim", 1) != 1 or q.dim() != 4:
+            return original(q, k, cos, sin, *args, **kwargs)
+        # q, k: (batch, heads, seq, dim) views of (batch, seq, heads, dim) projections. HF's
+        # element-wise ops on those strided views ran in PyTorch's generic (non-vectorised)
+        # kernels: 30 ms of a 1B model's 243 ms step on an H200. The same arithmetic on the
+        # projections' own layout, the result viewed back.
+        c, s = cos.unsqueeze(2), sin.unsqueeze(2)
+
+        def rotate(x: torch.Tensor) -> torch.Tensor:
+            xt = x.transpose(1, 2)
+            half = xt.shape[-1] // 2
+            turned = torch.cat((-xt[..., half:], xt[..., :half]), dim=-1)
+            return (xt * c + turned * s).transpose(1, 2)
+
+        return rotate(q), rotate(k)
+
+    apply_rotary_pos_emb.rtj_original = original  # type: ignore[attr-defined]
+    return apply_rotary_pos_emb
+
+
+def contiguous_rope(model: nn.Module) -> bool:
+    """Llama-family models: their modeling module's `apply_rotary_pos_emb` computes in the
+    projections' layout (same numbers, vectorised kernels); once per module. Returns whether
+    the model's module has it now."""
+    import sys
+
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in ROPE_FAMILIES:
+        return False
+    module = sys.modules.get(type(model).__module__)
+    current = getattr(module, "apply_rotary_pos_emb", None)
+    if module is None or current is None or not hasattr(module, "rotate_half"):
+        return False
+    if not hasattr(current, "rtj_original"):
+        module.apply_rotary_pos_emb = _rope_in_place_layout(current)  # type: ignore[attr-defined]
+    return True
 
 
 _LLAMA_NORM_SOURCE: list[str] = []
