@@ -597,3 +597,25 @@ def test_warm_workers_checkpoint_and_stop_on_sigterm(
     assert [e["step"] for e in losses] == list(range(1, stopped_at + 1))
     _assert_same_losses(losses, fault_free)
     assert _warm_workers_left(tmp_path) == []
+
+
+def test_warm_workers_of_a_hugging_face_model_preload_its_modules(tmp_path: Path) -> None:
+    """`--set model.hf_path=DIR`: the warm processes import transformers and the model's
+    modeling module before a worker attaches (on an H200 those imports were 5 s of a SIGKILL
+    restart's 11.9 s), and a SIGKILLed worker's replacement trains on from the checkpoint."""
+    model = tmp_path / "llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "vocab_size": 300, "max_position_embeddings": 128}))
+    run = tmp_path / "run"
+    out = _run(run, faults="8:1:sigkill", extra_env=WARM_WORKERS,
+               args=("--set", f"model.hf_path={model}", "--set", "model.seq_len=64"))
+    preloads = re.findall(r"\[rtj-warm\] warm worker \d+ preloaded (.*)", out)
+    assert len(preloads) >= 4, out[-4000:]  # two ranks, both attempts (and the pool's spares)
+    assert all("transformers.models.llama.modeling_llama" in p for p in preloads)
+    assert len(_ATTACHED.findall(out)) == 4
+    summary = _summary(out)
+    assert summary["restarts"]["launcher"] == 1 and summary["last_committed_step"] == STEPS
+

@@ -66,12 +66,17 @@ def preimport() -> None:
 
     for name in PRELOADED:
         importlib.import_module(name)
+    preloaded = []
     for name in filter(None, os.environ.get(warmwire.PRELOAD_ENV, "").split(",")):
         try:  # the model's modules (warmwire.model_preloads): a worker without them still runs
             importlib.import_module(name)
+            preloaded.append(name)
         except Exception as exc:  # any import error: the worker reports it itself
             print(f"[rtj-warm] warm worker {os.getpid()}: cannot preload {name}: {exc!r}",
                   file=sys.stderr)
+    if preloaded:
+        print(f"[rtj-warm] warm worker {os.getpid()} preloaded {', '.join(preloaded)}",
+              file=sys.stderr, flush=True)
 
 
 def listen(pool_dir: str) -> tuple[socket.socket, str]:
