@@ -75,6 +75,13 @@ def productive_seconds(lines: list[dict[str, Any]]) -> float:
     return sum(last.values())
 
 
+def training_state(model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """What a save holds and a resume loads into: model, optimizer and schedule."""
+    return {"model": get_model_state_dict(model),
+            "optim": get_optimizer_state_dict(model, optimizer),
+            "scheduler": scheduler.state_dict()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/baseline_trainer.py")
     parser.add_argument("--preset", default="tiny")
@@ -120,9 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     newest = newest_complete_save(root)
     if newest is not None:
         step, path = newest
-        state = {"model": get_model_state_dict(model),
-                 "optim": get_optimizer_state_dict(model, optimizer),
-                 "scheduler": scheduler.state_dict()}
+        state = training_state(model, optimizer, scheduler)
         dcp.load(state, checkpoint_id=str(path), process_group=save_group)
         set_model_state_dict(model, state["model"])
         set_optimizer_state_dict(model, optimizer, state["optim"])
@@ -149,9 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         if interval and (step % interval == 0 or step == cfg.train.steps):
             if pending is not None:
                 pending.result()  # one save in flight at a time, as DCP's examples do
-            state = {"model": get_model_state_dict(model),
-                     "optim": get_optimizer_state_dict(model, optimizer),
-                     "scheduler": scheduler.state_dict()}
+            state = training_state(model, optimizer, scheduler)
             pending = dcp.async_save(state, checkpoint_id=str(root / f"{SAVE_PREFIX}{step:09d}"),
                                      process_group=save_group)
     if pending is not None:

@@ -316,6 +316,11 @@ def _service_labels(job: ResilientTrainingJob) -> dict[str, str]:
     return {naming.JOB_LABEL: job.name}
 
 
+def _rendezvous_selector(job: ResilientTrainingJob) -> dict[str, str]:
+    """The labels that select the job's rendezvous pod (its Service, its disruption budget)."""
+    return {naming.JOB_LABEL: job.name, naming.ROLE_LABEL: naming.ROLE_RENDEZVOUS}
+
+
 def rendezvous_service(job: ResilientTrainingJob, *, settings: OperatorSettings) -> Manifest:
     """ClusterIP Service `<job>-rdzv`: the stable address trainers join (`--rdzv-endpoint`)."""
     return {
@@ -326,7 +331,7 @@ def rendezvous_service(job: ResilientTrainingJob, *, settings: OperatorSettings)
         ),
         "spec": {
             "type": "ClusterIP",
-            "selector": {naming.JOB_LABEL: job.name, naming.ROLE_LABEL: naming.ROLE_RENDEZVOUS},
+            "selector": _rendezvous_selector(job),
             "ports": [{"name": "rendezvous", "port": settings.rendezvous_port,
                        "targetPort": settings.rendezvous_port, "protocol": "TCP"}],
         },
@@ -347,8 +352,7 @@ def rendezvous_disruption_budget(job: ResilientTrainingJob) -> Manifest:
         ),
         "spec": {
             "maxUnavailable": 0,
-            "selector": {"matchLabels": {naming.JOB_LABEL: job.name,
-                                         naming.ROLE_LABEL: naming.ROLE_RENDEZVOUS}},
+            "selector": {"matchLabels": _rendezvous_selector(job)},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
