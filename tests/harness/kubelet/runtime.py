@@ -147,8 +147,8 @@ class RuntimeMixin(PodStatusMixin):
         for container, plan in zip(spec["containers"], plans, strict=True):
             self.spawn(run, container, plan)
         log(f"{run.namespace}/{run.name} running on {node} as {ip} (pgids {run.pgids()})")
+        self.annotate(run)  # before the status: a pod seen Running already has its annotations
         self.report_status(run)
-        self.annotate(run)
         self.refresh_hosts()
 
     def note_waiting(self, pod: JsonObject, waiting: NotReadyToStart) -> None:
@@ -399,8 +399,8 @@ class RuntimeMixin(PodStatusMixin):
             log(
                 f"{run.namespace}/{run.name}/{container.name} restarted ({container.restart_count})"
             )
-            self.report_status(run)
             self.annotate(run)
+            self.report_status(run)
 
     def annotate(self, run: PodRun) -> None:
         """Record the host process group(s) and cgroup on the pod, for tests and debugging."""
