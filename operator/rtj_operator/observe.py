@@ -22,6 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import kubernetes.client
@@ -40,6 +41,10 @@ NODE_MAX_STALE_SECONDS = 60.0
 up to this old; older, it works without node information, as without RBAC on nodes)."""
 FAILED_RETRY_SECONDS = 5.0
 """After a LIST of nodes failed, how long before one is tried again (not once per pass)."""
+DISRUPTION_GRACE_SECONDS = 50.0
+"""After a disruption (every node NotReady at once) ends, how long a node still NotReady keeps
+its pods from counting as lost: the node lifecycle controller likewise gives every node a new
+grace period when a zone leaves full disruption (its node-monitor-grace-period, 50 s)."""
 FORBIDDEN_RETRY_SECONDS = 600.0
 """After the API server refused to list nodes, how long the operator works without them before
 it tries again (RBAC may have been granted meanwhile)."""
@@ -85,7 +90,13 @@ class NodeCache:
     in the background; a failed LIST (any error: a timeout or a connection reset is not an
     `ApiException`) keeps serving the last list up to `max_stale_seconds` old and is tried again
     after `FAILED_RETRY_SECONDS`. Only a pass with no list yet waits, for the one LIST in flight
-    that every such pass shares."""
+    that every such pass shares.
+
+    It also tells a disruption from lost nodes (`disruption`): when every node is NotReady at
+    once, the node lifecycle controller's "full disruption", the control plane or the network
+    failed, not every node, and no pod counts as lost until a node is Ready again and
+    `DISRUPTION_GRACE_SECONDS` have passed (a 40 s etcd stall once marked every node Unknown
+    and the operator force-deleted healthy pods as lost)."""
 
     def __init__(self, *, max_age_seconds: float = NODE_CACHE_SECONDS,
                  max_stale_seconds: float = NODE_MAX_STALE_SECONDS,
@@ -99,6 +110,10 @@ class NodeCache:
         self._failed_at: float | None = None
         self._said_forbidden = False
         self._in_flight: asyncio.Task[None] | None = None
+        self._disrupted: str | None = None
+        """Since when every node is NotReady (a UTC time, for the message), else None."""
+        self._recovered: tuple[float, str] | None = None
+        """When the last disruption ended (monotonic, and as UTC text)."""
 
     async def nodes(
         self, lister: Callable[[], list[dict[str, Any]]]
@@ -146,8 +161,41 @@ class NodeCache:
             self._nodes = {view.name: view for view in map(node_view, items)}
             self._listed_at = self._clock()
             self._failed_at = None
+            self._judge_disruption(self._nodes)
         finally:
             self._in_flight = None
+
+    def _judge_disruption(self, nodes: Mapping[str, NodeView]) -> None:
+        everyone_down = bool(nodes) and all(view.ready != "True" for view in nodes.values())
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if everyone_down and self._disrupted is None:
+            self._disrupted = stamp
+            LOG.warning("Every node (%d) is NotReady at once: a control-plane or network "
+                        "disruption; no pod counts as lost until a node is Ready again",
+                        len(nodes))
+        elif not everyone_down and self._disrupted is not None:
+            self._disrupted = None
+            self._recovered = (self._clock(), stamp)
+            LOG.warning("Nodes are Ready again after a disruption: a node still NotReady counts "
+                        "as lost in %.0f s", DISRUPTION_GRACE_SECONDS)
+
+    def disruption(self) -> str | None:
+        """Why no node counts as lost now (for `Observed.nodes_disrupted` and the job's
+        `ObservationDegraded` condition), or None: nodes are judged one by one."""
+        if self._nodes is None:
+            return None
+        if self._disrupted is not None:
+            return (f"every node ({len(self._nodes)}) is NotReady at once since "
+                    f"{self._disrupted}: a control-plane or network disruption, so no pod "
+                    "counts as lost on its node's word until a node is Ready again")
+        if self._recovered is not None:
+            at, stamp = self._recovered
+            if self._clock() - at < DISRUPTION_GRACE_SECONDS:
+                return (f"nodes came back from a disruption (every node NotReady) at {stamp}; "
+                        f"a node still NotReady counts as lost {DISRUPTION_GRACE_SECONDS:.0f} s "
+                        "after that")
+            self._recovered = None
+        return None
 
     def _failed(self, why: str) -> None:
         self._failed_at = self._clock()
@@ -169,9 +217,11 @@ async def observe(
         pods, services, claims = await asyncio.to_thread(
             _read_children, api, namespace, job_name, timeout)
     nodes = None
+    disrupted = None
     if node_cache is not None:
         nodes = await node_cache.nodes(lambda: _list_nodes(api, timeout))
+        disrupted = node_cache.disruption() if nodes is not None else None
     return observed_from(
         job_name=job_name, job_uid=job_uid, pods=pods, services=services, claims=claims,
-        nodes=nodes, stops=stops,
+        nodes=nodes, stops=stops, nodes_disrupted=disrupted,
     )

@@ -169,6 +169,10 @@ class Observed:
     stops: tuple[StopSeen, ...] = ()
     """Trainer pods of this job that said they stopped after a checkpoint, seen by the pod
     watch (including pods that are gone since), oldest first."""
+    nodes_disrupted: str | None = None
+    """Why no node counts as lost now (`NodeCache.disruption`): every node is NotReady at once,
+    which is the control plane's or the network's failure, not that of every node, or they came
+    back from such a disruption too recently. None: nodes are judged one by one."""
 
 
 @dataclass(frozen=True, kw_only=True)

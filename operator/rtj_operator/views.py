@@ -133,9 +133,11 @@ def observed_from(
     claims: Iterable[Mapping[str, Any]],
     nodes: Mapping[str, NodeView] | None = None,
     stops: Iterable[StopSeen] = (),
+    nodes_disrupted: str | None = None,
 ) -> Observed:
     """The Observed record of a job from its labelled children (JSON dicts), the nodes by name
-    (None: the operator cannot read nodes) and the stops the pod watch saw (`StopMemory`)."""
+    (None: the operator cannot read nodes), why no node counts as lost now (`nodes_disrupted`,
+    `NodeCache.disruption`) and the stops the pod watch saw (`StopMemory`)."""
     trainers: dict[int, PodView] = {}
     rendezvous: PodView | None = None
     for pod in pods:
@@ -167,6 +169,7 @@ def observed_from(
         claim=claim,
         stops=tuple(sorted((seen for seen in stops if seen.job_uid == job_uid),
                            key=lambda seen: seen.seen_at)),
+        nodes_disrupted=nodes_disrupted,
     )
 
 

@@ -277,3 +277,67 @@ def test_a_pod_that_never_starts_is_shown_then_replaced_after_the_start_deadline
                    if c["type"] == "PodsNotStarting")
     assert cleared["status"] == "False", cleared
     assert old_uid != new["metadata"]["uid"]
+
+
+@pytest.mark.long
+def test_every_node_cut_off_at_once_is_a_disruption_and_no_pod_is_replaced(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """The 2-hour soak's 48 false alarms: a 16 s etcd stall kept every kubelet from renewing its
+    Lease, the node lifecycle controller marked every node Unknown and tainted it, and the
+    operator force-deleted healthy pods as lost. Here every node is cut off at once, for longer
+    than heartbeatTimeoutSeconds after the nodes went Unknown: that is a disruption of the
+    control plane or the network, not three lost nodes. No pod is deleted, the job says why in
+    `ObservationDegraded`, and once the nodes are back it trains on with the same pods."""
+    ns, name = namespace, "blackout"
+    apply(cluster, ns, cpu_tiny(name, steps=2000, faults=None))
+    context = lambda: describe(cluster, ns, name, operator)  # noqa: E731
+    running_with_checkpoint(cluster, ns, name, 10, context)
+
+    def uids() -> dict[str, str]:
+        pods = pods_by_role(cluster, ns, "trainer") | pods_by_role(cluster, ns, "rendezvous")
+        return {n: p["metadata"]["uid"] for n, p in pods.items()}
+
+    before = uids()
+    nodes = cluster.nodes.node_names()
+
+    def every_node_down() -> bool:
+        found = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+        return len(found) == len(nodes) and all(
+            next(c for c in n["status"]["conditions"] if c["type"] == "Ready")["status"]
+            != "True" and any(t["key"] == "node.kubernetes.io/unreachable"
+                              for t in n["spec"].get("taints") or [])
+            for n in found)
+
+    def degraded() -> str | None:
+        found = next((c for c in status(cluster, ns, name).get("conditions", [])
+                      if c["type"] == "ObservationDegraded"), None)
+        message: str | None = found["message"] if found and found["status"] == "True" else None
+        return message if message and "is NotReady at once" in message else None
+
+    try:
+        for node in nodes:
+            cluster.nodes.partition_node(node)
+        wait_for("every node Unknown and tainted unreachable", every_node_down, timeout=90,
+                 context=context)
+        message = wait_for("the job to say why nothing is lost", degraded, timeout=60,
+                           context=context)
+        assert f"every node ({len(nodes)})" in message, message
+        # Past heartbeatTimeoutSeconds (20 s) since the nodes went Unknown: the operator used to
+        # force-delete every pod here.
+        time.sleep(35)
+        assert uids() == before, context()
+        now = status(cluster, ns, name)
+        assert not [i for i in now.get("incidents") or [] if i["cause"] in (
+            "NodeLost", "RendezvousLost")], context()
+    finally:
+        for node in nodes:
+            cluster.nodes.heal_node(node)
+    step_then = status(cluster, ns, name).get("step") or 0
+    wait_for("training to go on with the same pods", lambda: (
+        (status(cluster, ns, name).get("step") or 0) >= step_then + 20), timeout=240,
+        context=context)
+    now = status(cluster, ns, name)
+    assert uids() == before, context()
+    assert now["state"] == "Running" and now["restarts"]["full"] == 0, context()
+    assert not [i for i in now.get("incidents") or [] if i["cause"] == "NodeLost"], context()

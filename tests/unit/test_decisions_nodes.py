@@ -96,6 +96,25 @@ def test_a_node_is_lost_only_when_not_ready_and_tainted(view: dict[str, Any], lo
     assert deletes(two) == ([("tiny-1", True)] if lost else [])
 
 
+def test_no_pod_is_lost_while_every_node_is_not_ready_and_the_job_says_why() -> None:
+    """Every node NotReady at once (`NodeCache.disruption`): the pods on them are not force-
+    deleted, nor is the rendezvous pod, and the job shows `ObservationDegraded` with the
+    reason; once the disruption is over the same pod is lost as before."""
+    j = job()
+    one = running(j)
+    later = AFTER + timedelta(seconds=60)  # past heartbeatTimeoutSeconds + initial
+    lost = world(trainer(0, **LOST_NODE), trainer(1, **LOST_NODE),
+                 rdzv=rendezvous(**LOST_NODE))
+    why = "every node (3) is NotReady at once since 2026-12-05T04:27:00Z"
+    disrupted = dataclasses.replace(lost, nodes_disrupted=why)
+    two = then(one, j, disrupted, now=later, liveness={})
+    assert deletes(two) == []
+    assert not two.status.get("incidents")
+    degraded = condition(two, "ObservationDegraded")
+    assert degraded["status"] == "True" and why in degraded["message"]
+    assert deletes(then(one, j, lost, now=later, liveness={})) != []  # without it: lost
+
+
 def test_a_pod_on_a_lost_node_that_still_beats_is_left_alone() -> None:
     # Its processes still run: a second pod of its name would join the job beside them.
     j = job()

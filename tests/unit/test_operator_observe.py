@@ -13,7 +13,7 @@ import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 from rtj_operator.kueueobserve import observe_queue
-from rtj_operator.observe import FORBIDDEN_RETRY_SECONDS, NodeCache
+from rtj_operator.observe import DISRUPTION_GRACE_SECONDS, FORBIDDEN_RETRY_SECONDS, NodeCache
 from rtj_operator.stopmemory import StopMemory
 from rtj_operator.views import node_view, observed_from, pod_view, slim_object, slim_pod
 
@@ -180,6 +180,49 @@ def test_the_node_cache_lists_nodes_once_per_age_for_every_job() -> None:
         assert len(calls) == 2 and await cache.nodes(lister) is not first
 
     asyncio.run(scenario())
+
+
+def test_every_node_not_ready_at_once_is_a_disruption_until_a_node_is_back_and_a_grace_passed(
+) -> None:
+    """A 16 s etcd stall once left every kubelet unable to renew its Lease; the node lifecycle
+    controller marked every node Unknown and tainted it, and the operator force-deleted healthy
+    pods as lost (the 2-hour soak's 48 false alarms). Every node down at once is the control
+    plane's failure: no pod counts as lost on its node's word until a node is Ready again and
+    a grace period passed, after which a node still NotReady is lost as before."""
+    now = [0.0]
+    listed: list[list[dict[str, Any]]] = [[HEALTHY_NODE_JSON, LOST_NODE_JSON]]
+    down_b = {**HEALTHY_NODE_JSON, "status": LOST_NODE_JSON["status"]}
+
+    async def scenario() -> None:
+        cache = NodeCache(max_age_seconds=10, clock=lambda: now[0])
+
+        async def relist(nodes: list[dict[str, Any]]) -> str | None:
+            listed[0] = nodes
+            now[0] += 11  # older than the maximum age: listed again
+            await cache.nodes(lambda: listed[0])
+            await _settled(cache)
+            return cache.disruption()
+
+        await cache.nodes(lambda: listed[0])
+        assert cache.disruption() is None  # one node lost, one Ready: judged one by one
+        disrupted = await relist([down_b, LOST_NODE_JSON])
+        assert disrupted is not None and "every node (2) is NotReady at once" in disrupted
+        assert await relist([down_b, LOST_NODE_JSON]) == disrupted  # stable while it lasts
+        back = await relist([HEALTHY_NODE_JSON, LOST_NODE_JSON])
+        assert back is not None and "came back from a disruption" in back
+        now[0] += DISRUPTION_GRACE_SECONDS - 11
+        assert await relist([HEALTHY_NODE_JSON, LOST_NODE_JSON]) is None
+
+    asyncio.run(scenario())
+
+
+def test_a_disruption_reaches_the_observed_record() -> None:
+    raw = pod("j-1", "trainer", 1, phase="Running")
+    nodes = {"node-a": node_view(LOST_NODE_JSON)}
+    seen = observed_from(job_name="j", job_uid="u", pods=[raw], services=[], claims=[],
+                         nodes=nodes, nodes_disrupted="every node (1) is NotReady")
+    assert seen.nodes_disrupted == "every node (1) is NotReady"
+    assert seen.trainer_pods[1].node_lost  # the pod still shows its node as it is
 
 
 async def _settled(cache: NodeCache) -> None:

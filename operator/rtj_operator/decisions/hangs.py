@@ -205,7 +205,16 @@ def degraded_observation(p: Pass) -> str | None:
     than heartbeatTimeoutSeconds, when that silence is no evidence against them (`Silence`:
     an outage, or a job that trains on without them being read); None when every pod could
     be read recently, or the silent pods are the suspects of a stuck job. A pod this pass
-    replaces (a silent one declared hung: `Silence.alone`) is not named."""
+    replaces (a silent one declared hung: `Silence.alone`) is not named. Every node NotReady
+    at once (`Observed.nodes_disrupted`) is said too: no pod is taken for lost meanwhile."""
+    disrupted = p.observed.nodes_disrupted
+    silent_pods = _silent_pods(p)
+    if disrupted is not None and silent_pods is not None:
+        return f"{disrupted}; {silent_pods}"
+    return disrupted if disrupted is not None else silent_pods
+
+
+def _silent_pods(p: Pass) -> str | None:
     if silence(p).evidence:
         return None
     limit = timedelta(seconds=p.spec.fault_tolerance.heartbeat_timeout_seconds)

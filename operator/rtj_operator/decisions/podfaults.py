@@ -68,7 +68,11 @@ def lost_pods(p: Pass) -> None:
     whose heartbeats stopped (a pod that still answers with heartbeats is still running, and a
     second pod of its name would join the job beside it), and the rendezvous pod on a lost node
     (the trainers reach the rendezvous through its Service, never the old pod). Runs before
-    every rule: suspending, failing or finishing a job force-deletes these pods too."""
+    every rule: suspending, failing or finishing a job force-deletes these pods too. Nothing is
+    lost while every node is NotReady at once (`Observed.nodes_disrupted`): that is the control
+    plane's or the network's failure, and the pods most likely train on."""
+    if p.observed.nodes_disrupted is not None:
+        return
     limit = timedelta(seconds=p.spec.fault_tolerance.heartbeat_timeout_seconds)
     for index, pod in p.observed.trainer_pods.items():
         # Measured against now, not at the pod's last read: a pod on a lost node is not read
