@@ -63,7 +63,7 @@ from rtj_operator.decisions.clocks import (
     read_moment,
     starting_peer,
 )
-from rtj_operator.decisions.state import DetectedFault, Pass, iso
+from rtj_operator.decisions.state import DetectedFault, Pass, iso, some
 from rtj_operator.observed import NodeLiveness
 
 __all__ = ["LONE_SILENCE_FACTOR", "completed_step", "degraded_observation", "finishing",
@@ -224,7 +224,7 @@ def _silent_pods(p: Pass) -> str | None:
                     if p.now - since >= limit and uid in names)
     if not silent:
         return None
-    shown = ", ".join(silent[:5]) + (f" and {len(silent) - 5} more" if len(silent) > 5 else "")
+    shown = some(silent)
     return (f"the liveness of {len(silent)} running pod(s) could not be read for over "
             f"heartbeatTimeoutSeconds={p.spec.fault_tolerance.heartbeat_timeout_seconds} s: "
             f"{shown}; a pod is declared hung only on its own stale heartbeat")

@@ -240,8 +240,7 @@ def completion(p: Pass, start_time: datetime) -> Decision | None:
             return None  # the others are on their way out (torchelastic's exit barrier)
         # The survivors would wait in the exit barrier (up to 300 s) for a pod that never
         # comes, and a replacement would wait for a launcher round nobody else joins.
-        lost = "; ".join(behind[:5]) + (f"; and {len(behind) - 5} more" if len(behind) > 5
-                                          else "")
+        lost = some(behind, sep="; ", last="; and ")
         return _succeed(
             p, start_time,
             f"Training finished on every rank, its final checkpoint committed; then {lost}.",

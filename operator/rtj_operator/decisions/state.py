@@ -295,7 +295,8 @@ class Pass:
         return current.attempt + 1
 
 
-def some(names: Sequence[str], shown: int = 5) -> str:
-    """`a, b, c, d, e and 3 more`: a list of pods (or faults) in a message, bounded."""
-    head = ", ".join(names[:shown])
-    return head + (f" and {len(names) - shown} more" if len(names) > shown else "")
+def some(names: Sequence[str], shown: int = 5, *, sep: str = ", ", last: str = " and ") -> str:
+    """`a, b, c, d, e and 3 more`: a list of pods (or faults) in a message, bounded; clauses
+    that hold commas themselves take `sep="; ", last="; and "`."""
+    head = sep.join(names[:shown])
+    return head + (f"{last}{len(names) - shown} more" if len(names) > shown else "")

@@ -267,7 +267,7 @@ def _hang_detection(p: Pass) -> tuple[bool, tuple[str, str]] | None:
         return True, (Reason.HEARTBEATS_WATCHED,
                       f"hung workers are detected from their heartbeats "
                       f"(heartbeatTimeoutSeconds={timeout})")
-    shown = ", ".join(silent[:5]) + (f" and {len(silent) - 5} more" if len(silent) > 5 else "")
+    shown = some(silent)
     return False, (Reason.NO_HEARTBEATS,
                    f"hang detection is off for pod(s) {shown}: their workers send no NVRx "
                    "heartbeats and serve no trainer metrics, so a hung worker there is not "
