@@ -118,6 +118,13 @@ class ShimOptions:
     restart_window: float | None = None
 
 
+def _seconds(flag: str, prefix: str) -> float:
+    try:
+        return float(flag.removeprefix(prefix))
+    except ValueError:
+        raise SystemExit(f"launcher: {flag}: expected seconds") from None
+
+
 def split_argv(argv: Sequence[str]) -> tuple[ShimOptions, list[str]]:
     """The shim's own leading `--rtj-*` flags, and ft_launcher's arguments after them."""
     codes: set[int] = set()
@@ -133,15 +140,9 @@ def split_argv(argv: Sequence[str]) -> tuple[ShimOptions, list[str]]:
             except ValueError:
                 raise SystemExit(f"launcher: {flag}: expected comma-separated integers") from None
         elif flag.startswith(EXIT_BARRIER_FLAG):
-            try:
-                barrier = float(flag.removeprefix(EXIT_BARRIER_FLAG))
-            except ValueError:
-                raise SystemExit(f"launcher: {flag}: expected seconds") from None
+            barrier = _seconds(flag, EXIT_BARRIER_FLAG)
         elif flag.startswith(RESTART_WINDOW_FLAG):
-            try:
-                window = float(flag.removeprefix(RESTART_WINDOW_FLAG))
-            except ValueError:
-                raise SystemExit(f"launcher: {flag}: expected seconds") from None
+            window = _seconds(flag, RESTART_WINDOW_FLAG)
             if not window > 0:
                 raise SystemExit(f"launcher: {flag}: expected seconds > 0")
         else:
