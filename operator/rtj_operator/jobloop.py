@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
+import urllib3
 
 from rtj_operator import actions, kueueapi, leader, metrics, observe, reconcile, scraping
 from rtj_operator.config import OperatorSettings
@@ -253,6 +254,16 @@ async def run(*, key: JobKey, body: kopf.Body, memo: kopf.Memo, job: reconcile.J
             del loops[key]
 
 
+def unreachable_reason(error: BaseException) -> str:
+    """The short cause of a failed request: urllib3's `MaxRetryError` wraps it in its `reason`
+    with the whole URL around it."""
+    reason = getattr(error, "reason", None) or error
+    text = str(reason)
+    if isinstance(reason, urllib3.exceptions.NewConnectionError | ConnectionError):
+        text = text.rsplit(": ", 1)[-1].rstrip(")\"'")
+    return f"{type(reason).__name__}: {text}" if text else type(reason).__name__
+
+
 def _take_read(task: asyncio.Task[EveryPodRead], job: reconcile.JobMemo, key: JobKey,
                children: Children) -> bool:
     """Merge a finished background read into the job's last reads (a pod read again since it
@@ -286,6 +297,13 @@ async def _pass_and_schedule(plan: NextPass, *, key: JobKey, body: kopf.Body, me
         metrics.RECONCILE_PASSES.labels(outcome="retry").inc()
         LOG.warning("%s/%s: pass failed, retried in %g s: %s", *key, error.delay, error)
         retry = error.delay or settings.reconcile_interval_seconds
+    except (urllib3.exceptions.HTTPError, OSError) as error:
+        # The API server did not answer (stopped, restarting, the connection reset): expected
+        # in an outage, so one line, not a traceback per job and pass.
+        metrics.RECONCILE_PASSES.labels(outcome="retry").inc()
+        retry = settings.reconcile_interval_seconds
+        LOG.warning("%s/%s: pass failed, the API server did not answer (%s); retried in %g s",
+                    *key, unreachable_reason(error), retry)
     except Exception:
         metrics.RECONCILE_PASSES.labels(outcome="error").inc()
         LOG.exception("%s/%s: pass failed", *key)

@@ -116,3 +116,19 @@ def test_a_spec_change_asks_for_a_full_pass() -> None:
     loop.full_requested = False
     loop.wake(full=True)
     assert loop.full_requested and loop.nudge.is_set() and not loop.pods_changed
+
+
+def test_a_pass_failed_by_an_unreachable_api_server_is_told_in_one_short_line() -> None:
+    """During a 90 s kube-apiserver outage every job's pass failed with a 40-line traceback that
+    held the whole URL; the log line now names the cause only."""
+    import urllib3
+
+    refused = urllib3.exceptions.MaxRetryError(
+        None, "/apis/training.resilient.dev/v1alpha1/namespaces/n/resilienttrainingjobs/j/status",
+        urllib3.exceptions.NewConnectionError(
+            None, "HTTPSConnection(host='127.0.0.1', port=41957): Failed to establish a new "
+                  "connection: [Errno 111] Connection refused"))
+    assert jobloop.unreachable_reason(refused) == (
+        "NewConnectionError: [Errno 111] Connection refused")
+    assert jobloop.unreachable_reason(ConnectionResetError(104, "Connection reset by peer")) == (
+        "ConnectionResetError: [Errno 104] Connection reset by peer")
