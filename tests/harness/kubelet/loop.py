@@ -143,6 +143,7 @@ class Kubelet(RuntimeMixin):
                 log(f"{run.namespace}/{run.name}: grace period over, SIGKILL")
                 self.signal_pod(run, signal.SIGKILL)
                 run.kill_deadline = None
+        self.report_unwritten()
         for uid in list(self.waiting):
             pod = self.pod_by_uid(uid)
             if pod is None:

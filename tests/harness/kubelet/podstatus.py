@@ -4,9 +4,11 @@ back to the API, and the Waiting reason of a pod that cannot start.
 
 from __future__ import annotations
 
+import http.client
+
 from harness.kubeapi import ApiError, JsonObject
 from harness.kubelet.dns import DnsMixin
-from harness.kubelet.state import pod_path
+from harness.kubelet.state import log, pod_path
 from harness.nodestate import (
     NotReadyToStart,
     PodRun,
@@ -38,7 +40,28 @@ class PodStatusMixin(DnsMixin):
             self.pods[(run.namespace, run.name)] = updated
         except ApiError as error:
             if error.status not in (404, 409):
-                raise
+                self.status_unwritten(run, error)
+                return
+        except (OSError, http.client.HTTPException) as error:  # the API server did not answer
+            self.status_unwritten(run, error)
+            return
+        self.unreported.discard(run.uid)
+
+    def status_unwritten(self, run: PodRun, error: Exception) -> None:
+        """Keep the pod for `report_unwritten` (every tick) until its status is written: a pod
+        that ended while kube-apiserver was down must not stay Running in the API for ever."""
+        if run.uid not in self.unreported:
+            log(f"{run.namespace}/{run.name}: status not written ({type(error).__name__}: "
+                f"{error}); trying again every tick")
+        self.unreported.add(run.uid)
+
+    def report_unwritten(self) -> None:
+        for uid in list(self.unreported):
+            run = self.runs.get(uid)
+            if run is None:
+                self.unreported.discard(uid)
+            elif not self.cut_off(run.node):
+                self.report_status(run)
 
     def report_waiting(self, pod: JsonObject, waiting: NotReadyToStart) -> None:
         statuses = [

@@ -73,6 +73,9 @@ class KubeletState:
         self.runs: dict[str, PodRun] = {}
         self.waiting: dict[str, str] = {}
         self.done: set[str] = set()
+        self.unreported: set[str] = set()
+        """Pods whose last status write failed (the API server did not answer): written again
+        every tick, as kubelet's status manager syncs until the API has what it knows."""
         self.delete_requested: set[str] = set()
         self.partitioned: set[str] = set()
         self.refusals: dict[str, tuple[str, str]] = {}
