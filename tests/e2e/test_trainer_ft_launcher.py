@@ -129,6 +129,35 @@ def test_exception_sigkill_and_hang_each_resume_with_identical_losses(
     assert markers == ["step17-rank0-sigkill", "step26-rank1-hang", "step8-rank1-exception"]
 
 
+def test_a_killed_worker_resumes_from_a_node_local_snapshot_between_saves(
+    tmp_path: Path, fault_free: dict[int, float]
+) -> None:
+    """Issue #32: saves every 10 steps, node-local snapshots every 2 between them
+    (`checkpoint.local_interval_steps`). Rank 1 is SIGKILLed at the start of step 15: the
+    launcher restarts both workers, and they resume from the newest snapshot both hold (step 14,
+    or 12 if 14's write had not finished), not from the commit of step 10; the losses are the
+    fault-free run's."""
+    out = _run(tmp_path, faults="15:1:sigkill", args=(
+        "--set", "checkpoint.interval_steps=10",
+        "--set", f"checkpoint.local_dir={tmp_path / 'shm'}",
+        "--set", "checkpoint.local_interval_steps=2",
+        "--set", "train.min_step_seconds=0.2"))
+    summary = _summary(out)
+    assert summary["restarts"] == {"inprocess": 0, "launcher": 1, "pod": 0}
+    assert summary["last_committed_step"] == STEPS
+    assert summary["attempt_snapshots"]["taken"] >= 5, summary  # steps 16 ... 28 of attempt 2
+    losses = _losses(tmp_path)
+    attempts: list[str] = []
+    for entry in losses:
+        if entry["attempt"] not in attempts:
+            attempts.append(entry["attempt"])
+    assert len(attempts) == 2, attempts
+    resumed = next(e["step"] for e in losses if e["attempt"] == attempts[1]) - 1
+    assert resumed in (12, 14), _resumes(out)
+    assert f"(step {resumed}) from the node-local copies" in out, _resumes(out)
+    _assert_same_losses(losses, fault_free)
+
+
 def test_a_writer_killed_mid_save_resumes_from_the_previous_commit(
     tmp_path: Path, fault_free: dict[int, float]
 ) -> None:

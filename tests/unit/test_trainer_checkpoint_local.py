@@ -6,6 +6,7 @@ Checkpointer falls back to the shared store otherwise."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,73 @@ def test_a_save_without_a_local_copy_writes_only_the_store(
     loaded = checkpointer.load_latest()
     assert loaded is not None and loaded.source != "local" and loaded.state["step"] == 20
     checkpointer.close()
+
+
+def test_a_snapshot_is_a_local_copy_only_and_a_resume_starts_from_it(
+        tmp_path: Path, one_rank_group: object) -> None:
+    """`checkpoint.local_interval_steps` (issue #32: a killed worker recomputes at most that
+    many steps): a snapshot writes the rank's node-local copy and nothing on the shared store,
+    commits nothing, and a resume starts from it when it is newer than the newest commit."""
+    store = tmp_path / "store"
+    cfg = CheckpointConfig(dir=str(store), interval_steps=0, mode="sync",
+                           local_dir=str(tmp_path / "shm"), local_interval_steps=5)
+    checkpointer = ck.Checkpointer(cfg, root=store, rank=0, world_size=1,
+                                   device=torch.device("cpu"), identity="a9")
+    assert checkpointer._local is not None
+    checkpointer.save(10, {"w": torch.full((3,), 1.0), "step": 10})
+    assert checkpointer.snapshot_ready()
+    checkpointer.snapshot(15, {"w": torch.full((3,), 1.5), "step": 15})
+    assert [c.step for c in local.local_copies(checkpointer._local)] == [15, 10]
+    assert not any("000000015" in p.name for p in store.iterdir())  # nothing on the store
+    assert checkpointer.stats.committed_step == 10
+    checkpointer.close()
+    again = ck.Checkpointer(cfg, root=store, rank=0, world_size=1, device=torch.device("cpu"),
+                            identity="a9")
+    loaded = again.load_latest()
+    assert loaded is not None and loaded.source == "local" and not loaded.committed
+    assert loaded.state["step"] == 15 and torch.equal(loaded.state["w"], torch.full((3,), 1.5))
+    again.close()
+
+
+def test_a_snapshot_waits_for_no_write_it_is_skipped_while_one_is_in_flight(
+        tmp_path: Path, one_rank_group: object) -> None:
+    store = tmp_path / "store"
+    cfg = CheckpointConfig(dir=str(store), interval_steps=10, mode="async",
+                           local_dir=str(tmp_path / "shm"), local_interval_steps=5,
+                           test_write_delay_seconds=1.0)
+    checkpointer = ck.Checkpointer(cfg, root=store, rank=0, world_size=1,
+                                   device=torch.device("cpu"), identity="a9")
+    assert checkpointer._local is not None
+    try:
+        checkpointer.save(10, {"w": torch.full((3,), 1.0), "step": 10})
+        assert not checkpointer.snapshot_ready()  # the save's write is still in flight
+        checkpointer.wait_until_committed(30)
+        assert checkpointer.snapshot_ready()
+        checkpointer.snapshot(15, {"w": torch.full((3,), 1.5), "step": 15})
+        checkpointer._wait_for_local_write(time.monotonic() + 30)
+        assert [c.step for c in local.local_copies(checkpointer._local)] == [15, 10]
+    finally:
+        checkpointer.close()
+
+
+def test_a_resume_deletes_the_copies_of_steps_after_the_one_it_started_from(
+        tmp_path: Path, one_rank_group: object) -> None:
+    """Copies newer than the resumed step belong to a line of training given up (here: the
+    copy of step 30 cannot be read, so the job resumes from the store's step 20). Kept, one of
+    them could later be paired with another rank's copy of the same step from the new line."""
+    store = tmp_path / "store"
+    save_checkpoint(store, 20, world_size=1)
+    checkpointer = _checkpointer(store, tmp_path / "shm")
+    assert checkpointer._local is not None
+    copy = _write(checkpointer._local, 30, value=3.0)
+    copy.write_bytes(copy.read_bytes()[:20])  # a copy that cannot be read
+    loaded = checkpointer.load_latest()
+    assert loaded is not None and loaded.source == "store" and loaded.state["step"] == 20
+    assert local.local_copies(checkpointer._local) == []
+
+
+def test_snapshots_need_a_local_folder() -> None:
+    with pytest.raises(ValueError) as refused:
+        CheckpointConfig(local_interval_steps=5)
+    assert ("checkpoint.local_interval_steps: node-local snapshots need checkpoint.local_dir"
+            in str(refused.value))

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 from rtj_trainer import checkpoint as ck
-from rtj_trainer.checkpoint.checkpointer import _Pending
+from rtj_trainer.checkpoint.tracking import PendingSave
 from rtj_trainer.config import CheckpointConfig
 
 pytestmark = pytest.mark.unit
@@ -156,7 +156,7 @@ def test_a_commit_at_512_ranks_runs_off_rank_0s_step_loop(
     for rank in range(WORLD - 1):  # rank 511 is still writing (the commit reads records only)
         _write_rank(directory, rank, 10, shard=False)
     leader = _checkpointer(root, 0)
-    leader._pending = [_Pending(10, directory, time.time(), 0.0)]
+    leader._pending = [PendingSave(10, directory, time.time(), 0.0)]
     me = threading.get_ident()
     access.clear()
     for _ in range(20):  # twenty steps while rank 511's write is in flight
@@ -178,8 +178,8 @@ def test_a_commit_at_512_ranks_runs_off_rank_0s_step_loop(
 
     followers = [_checkpointer(root, rank) for rank in range(1, WORLD)]
     for follower in followers:
-        follower._pending = [_Pending(10, directory, time.time(), 0.0),
-                             _Pending(20, root / ck.checkpoint_dir_name(20, IDENTITY),
+        follower._pending = [PendingSave(10, directory, time.time(), 0.0),
+                             PendingSave(20, root / ck.checkpoint_dir_name(20, IDENTITY),
                                       time.time(), 0.0)]
     access.clear()
     for follower in followers:

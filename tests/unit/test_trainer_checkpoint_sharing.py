@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from checkpoint_helpers import save_checkpoint
 from rtj_trainer import checkpoint as ck
-from rtj_trainer.checkpoint.checkpointer import _Pending
+from rtj_trainer.checkpoint.tracking import PendingSave
 from rtj_trainer.config import CheckpointConfig
 from rtj_trainer.errors import FatalError, ForeignCheckpointError
 
@@ -180,7 +180,7 @@ def test_prune_of_one_job_leaves_another_jobs_committed_and_in_flight_directorie
     mine = {step: _as(save_checkpoint(tmp_path, step, commit=False), "a0-l0-i0-1")
             for step in (10, 20)}
     leader = _checkpointer(tmp_path, JOB_A, "a0-l0-i0-1", world_size=2, keep=1)
-    leader._pending = [_Pending(step, directory, time.time(), 0.0)
+    leader._pending = [PendingSave(step, directory, time.time(), 0.0)
                        for step, directory in sorted(mine.items())]
     leader.wait_until_committed(timeout_seconds=20)  # rank 0's commit thread commits and prunes
     leader.close(abort=True)

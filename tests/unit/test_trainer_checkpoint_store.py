@@ -136,7 +136,8 @@ def test_a_failed_shard_write_does_not_block_later_commits(tmp_path: Path) -> No
     # steps 20 and 30 were written by both ranks. Step 10 is given up, 20 and 30 commit.
     import time
 
-    from rtj_trainer.checkpoint.checkpointer import Checkpointer, _Pending
+    from rtj_trainer.checkpoint.checkpointer import Checkpointer
+    from rtj_trainer.checkpoint.tracking import PendingSave
     from rtj_trainer.config import CheckpointConfig
 
     directories = {step: save_checkpoint(tmp_path, step, commit=False) for step in (10, 20, 30)}
@@ -149,7 +150,7 @@ def test_a_failed_shard_write_does_not_block_later_commits(tmp_path: Path) -> No
         made = Checkpointer(CheckpointConfig(dir=str(tmp_path), keep=10, interval_steps=0),
                             root=tmp_path,
                             rank=rank, world_size=2, device=torch.device("cpu"), identity="a0")
-        made._pending = [_Pending(step, directories[step], time.time(), 0.0)
+        made._pending = [PendingSave(step, directories[step], time.time(), 0.0)
                          for step in (10, 20, 30)]
         return made
 
@@ -172,7 +173,8 @@ def _checkpointers(tmp_path: Path, directories: dict[int, Path], **cfg: object) 
     NVRx writer process; the shards are written already)."""
     import time
 
-    from rtj_trainer.checkpoint.checkpointer import Checkpointer, _Pending
+    from rtj_trainer.checkpoint.checkpointer import Checkpointer
+    from rtj_trainer.checkpoint.tracking import PendingSave
     from rtj_trainer.config import CheckpointConfig
 
     made = []
@@ -180,7 +182,7 @@ def _checkpointers(tmp_path: Path, directories: dict[int, Path], **cfg: object) 
         one = Checkpointer(CheckpointConfig(dir=str(tmp_path), keep=10, interval_steps=0, **cfg),
                            root=tmp_path, rank=rank, world_size=2, device=torch.device("cpu"),
                            identity="a0")
-        one._pending = [_Pending(step, directory, time.time(), 0.0)
+        one._pending = [PendingSave(step, directory, time.time(), 0.0)
                         for step, directory in sorted(directories.items())]
         made.append(one)
     return made

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from checkpoint_helpers import save_checkpoint
 from rtj_trainer import checkpoint as ck
 from rtj_trainer import lib as rtj
-from rtj_trainer.checkpoint.checkpointer import _Pending
+from rtj_trainer.checkpoint.tracking import PendingSave
 from rtj_trainer.config import CheckpointConfig, build_config
 from rtj_trainer.stop import STOP, StopAgreement
 from test_trainer_stop import Ranks
@@ -45,7 +45,7 @@ def _ranks_with_a_lost_shard(root: Path, **cfg: object) -> list[ck.Checkpointer]
         one = ck.Checkpointer(CheckpointConfig(dir=str(root), interval_steps=0, **cfg),
                               root=root, rank=rank, world_size=2, device=torch.device("cpu"),
                               identity="a0-l0-i0-1")
-        one._pending = [_Pending(step, directory, time.time(), 0.0)
+        one._pending = [PendingSave(step, directory, time.time(), 0.0)
                         for step, directory in sorted(directories.items())]
         made.append(one)
     return made

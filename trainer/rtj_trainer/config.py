@@ -180,6 +180,12 @@ class CheckpointConfig(_Section):
     """Also keep each rank's newest saves in this node-local folder (RAM: /dev/shm/...), and
     resume from there when every rank holds the same save and it is not older than the newest
     commit (rtj_trainer.checkpoint.local). Needs room for two shards per local rank. Off: None."""
+    local_interval_steps: int = Field(default=0, ge=0)
+    """Between saves, also snapshot each rank's state into `local_dir` alone every N steps (no
+    write to `dir`, no commit), so that a worker killed on its node resumes from at most N steps
+    back instead of `interval_steps` (when every rank holds the same snapshot, and it is newer
+    than the newest commit; a replaced pod holds none, and everyone resumes from the store). A
+    snapshot is skipped when this rank's writer is still busy. Needs `local_dir`. 0: off."""
     resume_from_jobs: tuple[str, ...] = ()
     """Other jobs (`<namespace>/<name>`) whose committed checkpoints in `dir` this job may
     resume (env RTJ_CHECKPOINT_RESUME_FROM_JOBS, comma-separated, from
@@ -209,6 +215,13 @@ class CheckpointConfig(_Section):
     `commit_timeout_seconds` for a rank that was killed before it wrote its shard."""
     test_write_delay_seconds: float = Field(default=0.0, ge=0)
     """Testing knob: the writer sleeps this long before writing, to widen the mid-save window."""
+
+    @model_validator(mode="after")
+    def _snapshots_need_a_local_dir(self) -> CheckpointConfig:
+        if self.local_interval_steps and not self.local_dir:
+            raise ValueError("checkpoint.local_interval_steps: node-local snapshots need "
+                             "checkpoint.local_dir (a node-local folder, e.g. /dev/shm/rtj-local)")
+        return self
 
 
 class ResiliencyConfig(_Section):

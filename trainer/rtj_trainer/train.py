@@ -79,6 +79,8 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
             trainer.step(step)
             if trainer.checkpoint_due(step):
                 trainer.save(step, fail=injector.write_fault(step))
+            elif trainer.local_snapshot_due(step):
+                trainer.local_snapshot(step)
             trainer.report(step)
             pace(step_began + cfg.train.min_step_seconds)
             if step < cfg.train.steps and agreement.should_stop(step, trainer.steps_this_attempt):

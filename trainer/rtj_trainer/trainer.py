@@ -130,6 +130,8 @@ class Trainer:
         self.stall_seconds_max = 0.0
         self.saved_step: int | None = None
         """The newest step this attempt started a checkpoint of."""
+        self.snapshots = {"taken": 0, "skipped": 0, "stall_seconds": 0.0}
+        """Node-local snapshots of this attempt (`snapshot`)."""
         self._losses: IO[str] | None = None
         self._finished = False
         """`finish` ran: every checkpoint is committed and the node-local copies can go."""
@@ -293,6 +295,25 @@ class Trainer:
         last = step == self.cfg.train.steps
         return bool(interval and step % interval == 0) or (last and self.cfg.checkpoint.save_final)
 
+    def local_snapshot_due(self, step: int) -> bool:
+        every = self.cfg.checkpoint.local_interval_steps
+        return bool(every and step % every == 0 and step != self.cfg.train.steps)
+
+    def local_snapshot(self, step: int) -> None:
+        """A node-local snapshot of `step` (`checkpoint.local_interval_steps`), skipped when this
+        rank's writer is still busy: each rank decides alone (a snapshot counts for a resume
+        only when every rank holds it), but every rank reads its state dict, in case reading
+        it is collective."""
+        began = time.perf_counter()
+        with self.session.section("checkpoint"), self.session.atomic():
+            state = self.state_dict()
+            taken = self.checkpointer.snapshot_ready()
+            if taken:
+                self.checkpointer.snapshot(step, state)
+            del state
+        self.snapshots["taken" if taken else "skipped"] += 1
+        self.snapshots["stall_seconds"] += time.perf_counter() - began
+
     def save(self, step: int, *, fail: str | None = None, deadline: float | None = None) -> None:
         """Start a checkpoint of `step`; the step loop is blocked for state_dict + staging.
         `fail`: an injected write fault (rtj_trainer.faults.FaultInjector.write_fault).
@@ -407,6 +428,8 @@ class Trainer:
             "attempt_loop_seconds": round(loop_seconds, 3),
             "attempt_checkpoint_stall_seconds_total": round(self.stall_seconds_total, 4),
             "attempt_checkpoint_stall_seconds_max": round(self.stall_seconds_max, 4),
+            "attempt_snapshots": {key: round(value, 4)
+                                  for key, value in self.snapshots.items()},
         }
 
     def newest_commit(self) -> tuple[int | None, float | None, Path | None]:

@@ -14,7 +14,8 @@ Why this shape:
 - **Commits happen off the step loop** (rtj_trainer.checkpoint.committer.CommitWorker): rank 0's
   `poll` only hands saves to its commit thread and picks up what it resolved; the other ranks
   learn of a commit from rank 0's small `commit-progress.json` (one `stat` per step while a save
-  is pending), never from the O(world size) manifest. No collectives.
+  is pending), never from the O(world size) manifest. No collectives. That half is
+  rtj_trainer.checkpoint.tracking (`CommitTracking`, mixed in as `Resumable` is for loading).
 - **Resume** (`load_latest`): rank 0 alone reads the manifests and scatters to each rank its own
   shard record per candidate (one collective); each rank checks only its own shard, and they
   agree with one all-reduce per candidate, falling back to the previous checkpoint if any rank
@@ -26,6 +27,10 @@ Why this shape:
   the writer also keeps each save in RAM on the node, and `load_latest` first asks every rank
   which local copies it holds; the newest one they all hold (if not older than the newest commit)
   is loaded from RAM, without reading or hashing the shared store.
+- **Node-local snapshots between saves** (`checkpoint.local_interval_steps`, off by default):
+  `snapshot` stages the state and writes only the node-local copy (writer.write_snapshot), and
+  only when the writer is idle (`snapshot_ready`: a snapshot never waits); a resume takes it
+  like any local copy, so a killed worker recomputes at most that interval.
 - **A synchronous mode for comparison** writes in the training process, then barriers and commits.
 """
 
@@ -36,7 +41,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +52,6 @@ from ..nvrx import asyncwriter
 from .carried import ProcessWriter
 from .committer import (
     CheckpointStats,
-    CommitOutcome,
     CommitProgressReader,
     CommitTimeoutError,
     CommitWorker,
@@ -69,7 +72,7 @@ from .local import (
     remove_partial_copies,
 )
 from .lock import DirectoryLock
-from .pruning import UNOWNED_AFTER_SECONDS, BackgroundDeleter, prune
+from .pruning import BackgroundDeleter
 from .staging import (
     HostStaging,
     Staged,
@@ -77,28 +80,13 @@ from .staging import (
     plan_layout,
     stage_to_host,
 )
-from .store import append_commit_log, write_latest_committed_step
-from .writer import write_shard
+from .tracking import CommitTracking, PendingSave
+from .writer import write_shard, write_snapshot
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class _Pending:
-    step: int
-    directory: Path
-    started_at: float
-    stall_seconds: float
-    written: bool = False
-    submitted: bool = False
-    """Rank 0: handed to the commit thread."""
-    wait_seconds: float = 0.0
-    """Of the stall: waiting for this rank's previous write to finish (buffer reuse)."""
-    copy_seconds: float = 0.0
-    """Of the stall: staging the state into the host buffer."""
-
-
-class Checkpointer(Resumable):
+class Checkpointer(CommitTracking, Resumable):
     """Save/poll/load for one rank. All ranks call `save` at the same steps and `load` together;
     `poll` is local (no collectives) and is called every step."""
 
@@ -132,7 +120,7 @@ class Checkpointer(Resumable):
         self._last_keepalive = 0.0
         """Called while the step loop is blocked waiting on I/O (heartbeats keep flowing)."""
         self.stats = CheckpointStats()
-        self._pending: list[_Pending] = []
+        self._pending: list[PendingSave] = []
         self._resumed_from: Path | None = None
         """The checkpoint this attempt loaded: prune never deletes it."""
         self._lock: DirectoryLock | None = None
@@ -145,6 +133,8 @@ class Checkpointer(Resumable):
         self._staging = HostStaging.of(self.carry)
         self._deleter = BackgroundDeleter()
         self._queue: Any = None
+        self._snapshot: list[Any] = [None, True]
+        """The last snapshot's step and whether its write is done (`snapshot`)."""
         self._local: Path | None = None
         if cfg.local_dir:
             self._local = local_copy_dir(Path(cfg.local_dir), root, rank, world_size)
@@ -174,7 +164,10 @@ class Checkpointer(Resumable):
             self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
         except Exception:  # a failed write, a writer gone: not one to keep
             return False
-        return asyncwriter.alive(self._queue) and all(p.written for p in self._pending)
+        return asyncwriter.alive(self._queue) and self._writes_done()
+
+    def _writes_done(self) -> bool:
+        return self._snapshot[1] and all(p.written for p in self._pending)
 
     def _keep_alive(self) -> None:
         now = time.monotonic()
@@ -186,14 +179,14 @@ class Checkpointer(Resumable):
         """Block until this rank's in-flight writes are finalized (before reusing the buffer),
         or CommitTimeoutError past `deadline` (time.monotonic). The writer's start-up request is
         not waited for: a write simply queues behind it."""
-        while self._queue is not None and any(not p.written for p in self._pending):
+        while self._queue is not None and not self._writes_done():
             self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
-            if all(p.written for p in self._pending):
+            if self._writes_done():
                 break
             if asyncwriter.died(self._queue):
                 raise CheckpointError("the NVRx checkpoint writer process died")
             if deadline is not None and time.monotonic() > deadline:
-                step = next(p.step for p in self._pending if not p.written)
+                step = next((p.step for p in self._pending if not p.written), self._snapshot[0])
                 raise CommitTimeoutError(f"this rank's write of checkpoint step {step} did not "
                                          "finish in time")
             self._keep_alive()
@@ -232,8 +225,8 @@ class Checkpointer(Resumable):
             blob,
             self.rank,
         )
-        pending = _Pending(step, directory, time.time(), 0.0,
-                           wait_seconds=waited - began, copy_seconds=copied - waited)
+        pending = PendingSave(step, directory, time.time(), 0.0,
+                              wait_seconds=waited - began, copy_seconds=copied - waited)
         writer: Callable[..., None] = functools.partial(write_shard, fail=fail)
         if self._local is not None and local_copy:
             writer = functools.partial(write_shard, fail=fail,
@@ -264,6 +257,36 @@ class Checkpointer(Resumable):
         self.stats.last_copy_seconds = pending.copy_seconds
         return pending.stall_seconds
 
+    def snapshot_ready(self) -> bool:
+        """Whether a snapshot (`snapshot`) can start now without waiting: a node-local folder,
+        and this rank's writer idle (sync mode: always)."""
+        if self._local is None:
+            return False
+        if self.cfg.mode == "sync":
+            return True
+        self._async_queue()
+        return self._writer_idle()
+
+    def snapshot(self, step: int, state: dict[str, Any]) -> float:
+        """Stage `state` and write it as this rank's node-local copy of `step` alone, nothing
+        on the shared store (`checkpoint.local_interval_steps`; only when `snapshot_ready`);
+        returns the seconds the step loop was blocked (the staging copy, in sync mode the
+        write too). The staged state also serves an in-process restart (`_load_staged`)."""
+        assert self._local is not None
+        began = time.perf_counter()
+        skeleton, layout, blob = stage_to_host(state, self.device, self._staging)
+        self._staging.staged = Staged(step, self.identity, self.rank, self.world_size, skeleton,
+                                      layout)
+        args = (str(self._local), step, self.identity, skeleton, layout, blob)
+        if self.cfg.mode == "async":
+            done = self._snapshot = [step, False]
+            request = asyncwriter.request(write_snapshot, (*args, True),
+                                          [lambda: done.__setitem__(1, True)])
+            self._async_queue().schedule_async_request(request)
+        else:
+            write_snapshot(*args, False)
+        return time.perf_counter() - began
+
     def offer_live(self, step: int, state: dict[str, Any]) -> None:
         """An in-process restart interrupted the attempt after `step` with the training state
         intact; `state` reads that state in place (parallel.live_views). Staged once nothing can
@@ -291,105 +314,9 @@ class Checkpointer(Resumable):
         with contextlib.suppress(Exception):
             self._queue.close(abort=True)
         self._writers.stopped_busy(self.rank)
+        self._snapshot[1] = True  # a snapshot cut short is simply not there
         log.info("checkpoint writer stopped: a write was in flight", extra={"rank": self.rank})
         self._queue = None
-
-    def poll(self) -> CheckpointStats:
-        """Finalize finished local writes and notice commits. Cheap and local: on rank 0 a queue
-        hand-over to the commit thread and a drain of its results (no file access); on the
-        other ranks one `stat` of `commit-progress.json` while a save is pending."""
-        self.stats.newly_committed = []
-        if self._lock is not None and (lost := self._lock.lost_error()) is not None:
-            raise lost  # another job took the directory over (fatal)
-        if self._queue is not None and self._queue.get_num_unfinalized_calls():
-            self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
-        if not self._pending:
-            return self.stats
-        if self.rank == 0:
-            self._poll_commits()
-        else:
-            self._poll_progress()
-        return self.stats
-
-    def _commit_worker(self) -> CommitWorker:
-        if self._committer is None:
-            self._committer = CommitWorker(self.root, world_size=self.world_size,
-                                           identity=self.identity, job=self.job,
-                                           after_commit=self._record_commit,
-                                           timeout_seconds=self.cfg.commit_timeout_seconds)
-        return self._committer
-
-    def _poll_commits(self) -> None:
-        for pending in self._pending:
-            if not pending.submitted:
-                self._commit_worker().submit(pending.directory, pending.step, pending)
-                pending.submitted = True
-        outcomes: list[CommitOutcome] = (
-            self._committer.outcomes() if self._committer is not None else [])
-        for outcome in outcomes:
-            pending = self._pending.pop(0)
-            assert pending.step == outcome.step, (pending.step, outcome.step)
-            self.stats.last_write_seconds = time.time() - pending.started_at
-            if outcome.failure is not None:
-                raise CheckpointError(f"committing checkpoint step {outcome.step} failed: "
-                                      f"{outcome.failure}") from outcome.failure
-            if outcome.manifest is None:
-                self._abandoned(pending, list(outcome.errors))
-                continue
-            self._note_commit(outcome.manifest.step, outcome.manifest.committed_at,
-                              pending.directory)
-            if self.on_commit is not None:
-                self.on_commit(outcome.manifest)
-
-    def _poll_progress(self) -> None:
-        self._progress.refresh()
-        while self._pending:
-            pending = self._pending[0]
-            resolved = self._progress.outcome(pending.directory, pending.step)
-            if resolved is None:
-                break
-            committed, committed_at = resolved
-            if committed:
-                self._note_commit(pending.step, committed_at, pending.directory)
-            else:
-                self._abandoned(pending, ["rank 0 gave this checkpoint up"])
-            self.stats.last_write_seconds = time.time() - pending.started_at
-            self._pending.pop(0)
-
-    def _abandoned(self, pending: _Pending, errors: list[str]) -> None:
-        self.stats.abandoned += 1
-        log.warning("checkpoint of step %d will not be committed (a shard write failed: %s); "
-                    "later checkpoints still commit", pending.step, "; ".join(errors))
-
-    def _note_commit(self, step: int, committed_at: float, directory: Path) -> None:
-        self.stats.committed_step = step
-        self.stats.committed_at = committed_at
-        self.stats.committed_dir = directory
-        self.stats.commits_this_attempt += 1
-        self.stats.newly_committed.append(step)
-
-    def _record_commit(self, manifest: Manifest, pending: _Pending) -> None:
-        """Rank 0's commit thread, right after the manifest: the commit log, the ft_launcher
-        step file, and prune (the checkpoint this attempt resumed from is protected)."""
-        writers = [shard.writer for shard in manifest.shards]
-        line = {
-            "step": manifest.step,
-            "identity": manifest.identity,
-            "committed_at": manifest.committed_at,
-            "bytes": sum(shard.bytes for shard in manifest.shards),
-            "save_to_commit_seconds": round(manifest.committed_at - pending.started_at, 4),
-            "rank0_stall": {"seconds": round(pending.stall_seconds, 4),
-                            "wait_seconds": round(pending.wait_seconds, 4),
-                            "copy_seconds": round(pending.copy_seconds, 4)},
-            "slowest_writer": max(writers, key=lambda w: w.get("seconds", 0.0), default={}),
-            "shard_bytes_max": max(shard.bytes for shard in manifest.shards),
-        }
-        append_commit_log(self.root, line)
-        write_latest_committed_step(self.root, manifest.step)
-        prune(self.root, keep=self.cfg.keep, delete=self._deleter, protect=self._resumed_from,
-              current_identity=self.identity, job=self.job, owners=self._owners,
-              unowned_after_seconds=max(UNOWNED_AFTER_SECONDS,
-                                        2 * self.cfg.commit_timeout_seconds))
 
     def wait_until_committed(self, timeout_seconds: float | None = None) -> None:
         """Block until every save of this rank is resolved: committed, or abandoned (the caller

@@ -32,7 +32,7 @@ from .format import (
     shard_file_name,
     step_of,
 )
-from .local import LocalCopy, common_newest, local_copies
+from .local import LocalCopy, common_newest, drop_copies_after, local_copies
 from .lock import DirectoryLock
 from .staging import HostStaging, tensor_views, unflatten_state
 from .store import (
@@ -177,13 +177,22 @@ class Resumable:
     def load_from_plan(self, plan: ResumePlan) -> LoadedCheckpoint | None:
         """This rank's part of `load_latest` once it holds its plan (all ranks call it
         together: one all-gather of what each rank holds in memory and on its node, then one
-        all-reduce per candidate tried)."""
+        all-reduce per candidate tried). This rank's node-local copies of later steps than the
+        one resumed are then deleted: they belong to a line of training given up, and a later
+        resume must never pair one of them with another rank's copy of the new line."""
+        copies = local_copies(self._local) if self._local is not None else []
+        loaded = self._load_from_plan(plan, copies)
+        resumed = (step_of(loaded.directory.name) if loaded is not None else None) or 0
+        drop_copies_after(copies, resumed)
+        return loaded
+
+    def _load_from_plan(self, plan: ResumePlan,
+                        copies: list[LocalCopy]) -> LoadedCheckpoint | None:
         if plan.committed is not None and self.stats.committed_step < 0:
             self.stats.committed_step, self.stats.committed_at = plan.committed
         records = dict(zip((name for name, _ in plan.candidates), plan.records, strict=True))
         newest_committed = max((step_of(n) or -1 for n, _ in plan.candidates), default=-1)
         # One all-gather for both fast sources: what each rank holds in memory and on its node.
-        copies = local_copies(self._local) if self._local is not None else []
         held: list[Any] = [None] * self.world_size
         dist.all_gather_object(held, (self._staged_here(), [(c.step, c.identity)
                                                             for c in copies]))

@@ -115,6 +115,14 @@ def common_newest(
     return best if best is not None and best[0] >= at_least else None
 
 
+def drop_copies_after(copies: list[LocalCopy], step: int) -> None:
+    """Delete the copies of steps after `step` (the step a resume started from)."""
+    for copy in copies:
+        if copy.step > step:
+            with contextlib.suppress(OSError):
+                copy.path.unlink()
+
+
 def discard_local_copies(directory: Path) -> None:
     """Remove this rank's local copies (the job finished)."""
     for copy in local_copies(directory):

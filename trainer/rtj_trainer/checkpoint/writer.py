@@ -13,6 +13,9 @@ Why this shape:
   bytes go to a file in RAM (/dev/shm) before the shared store, so a restart in the same pod has
   them about a second after the save instead of after the commit. A failed local copy is only
   recorded (`local_seconds` -1); the shared write goes on.
+- **Snapshots go to RAM alone** (`write_snapshot`, `checkpoint.local_interval_steps`): between
+  saves the same local copy is written with no shared write and no record, so a worker killed
+  on its node resumes from a few steps back.
 - **Failures never kill the persistent worker:** a failed write leaves `<record>.error` and no
   shard record, so the checkpoint simply never commits.
 """
@@ -198,6 +201,30 @@ def write_shard(
             tmp.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             Path(record_path + ".error").write_text(repr(exc))
+        if not in_worker:
+            raise
+
+
+def write_snapshot(
+    folder: str,
+    step: int,
+    identity: str,
+    skeleton: Any,
+    layout: list[TensorLayout],
+    blob: torch.Tensor,
+    in_worker: bool,
+    threads: int = WRITE_THREADS,
+) -> None:
+    """Write the staged state as this rank's node-local copy of `step` only: a snapshot between
+    saves (`checkpoint.local_interval_steps`), nothing on the shared store, nothing to commit.
+    A failed snapshot is no error: the previous copies stand, and the next one comes."""
+    if in_worker:
+        _die_with_parent()
+    try:
+        data = _byte_view(blob)
+        header = encode_header(skeleton, layout, len(data))
+        write_local_copy(Path(folder), step, identity, header, data, threads=threads)
+    except Exception:
         if not in_worker:
             raise
 
