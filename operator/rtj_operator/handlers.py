@@ -219,6 +219,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo["health"] = {"last_pass_monotonic": time.monotonic(), "in_flight": {}}
     # Every job's loop, by (namespace, name), for the pod watch to wake (shared likewise).
     memo["loops"] = {}
+    # How many pods each job's last sweep read (shared likewise: it spaces every job's sweeps).
+    memo["watched_pods"] = {}
     # The pods announced lost (uid -> when), shared by every pod's memo likewise.
     memo["announced"] = {}
 

@@ -193,8 +193,18 @@ def running_pods(pods: Iterable[Mapping[str, Any]]) -> int:
                or (pod.get("metadata") or {}).get("deletionTimestamp"))
 
 
-def _interval(settings: OperatorSettings) -> float:
-    return settings.reconcile_interval_seconds * random.uniform(
+def sweep_interval(settings: OperatorSettings, watched_pods: int) -> float:
+    """Seconds between two sweeps of one job (a read of every pod): the reconcile interval, or
+    longer while the operator watches more pods than `sweep_reads_per_second` allows in it
+    (every job's sweep is one read per pod; the reads past their heartbeat deadlines come on
+    top, as they must)."""
+    return max(settings.reconcile_interval_seconds,
+               watched_pods / settings.sweep_reads_per_second)
+
+
+def _interval(settings: OperatorSettings, memo: kopf.Memo) -> float:
+    watched: dict[JobKey, int] = memo.get("watched_pods") or {}
+    return sweep_interval(settings, sum(watched.values())) * random.uniform(
         1 - INTERVAL_JITTER, 1 + INTERVAL_JITTER)
 
 
@@ -215,6 +225,7 @@ async def run(*, key: JobKey, body: kopf.Body, memo: kopf.Memo, job: reconcile.J
     """The job's loop, until kopf stops it (the job is deleted, or the operator exits)."""
     loops: dict[JobKey, JobLoop] = memo["loops"]
     loops[key] = loop
+    watched: dict[JobKey, int] = memo.setdefault("watched_pods", {})
     try:
         while not stopped:
             loop.nudge.clear()
@@ -240,6 +251,9 @@ async def run(*, key: JobKey, body: kopf.Body, memo: kopf.Memo, job: reconcile.J
                 loop.reading.add_done_callback(lambda _task: loop.nudge.set())
                 continue
             if plan.trigger == "interval" and loop.reading is not None:
+                if loop.reading.done() and not loop.reading.cancelled() and (
+                        loop.reading.exception() is None):
+                    watched[key] = len(loop.reading.result().read)
                 if not _take_read(loop.reading, job, key, children):
                     loop.reading = None
                     loop.full_due = now + settings.reconcile_interval_seconds
@@ -252,6 +266,7 @@ async def run(*, key: JobKey, body: kopf.Body, memo: kopf.Memo, job: reconcile.J
             loop.reading.cancel()
         if loops.get(key) is loop:
             del loops[key]
+            watched.pop(key, None)
 
 
 def unreachable_reason(error: BaseException) -> str:
@@ -312,7 +327,7 @@ async def _pass_and_schedule(plan: NextPass, *, key: JobKey, body: kopf.Body, me
     if plan.trigger == "pods":
         loop.last_pods_start, loop.last_pods_seconds = started, end - started
     if plan.reads.every_pod or plan.trigger == "interval":
-        loop.full_due = end + _interval(settings)
+        loop.full_due = end + _interval(settings, memo)
     if retry is not None:
         loop.full_due = min(loop.full_due, end + retry)
 
