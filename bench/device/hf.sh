@@ -13,6 +13,8 @@
 #   model, then the GPT's SIGKILL for a side-by-side figure from the same machine (GPT=0: skip).
 # goodput: bench.goodput's faulted-inprocess variant as in docs/benchmarks.md's one-H200 rows
 #   (batch 4, a checkpoint every 100 steps, keep 2), with model.hf_path (MODEL=gpt: the GPT).
+# SNAPSHOTS=N (recovery, goodput): node-local snapshots every N steps between saves
+#   (checkpoint.local_interval_steps; the summary's attempt_snapshots has their count and stall).
 # Writes JSON and log excerpts under $OUT.
 set -u
 . bench/device/setup.sh || exit 1
@@ -23,6 +25,7 @@ HF=$PWD/bench/models/llama-1b
 SHAPE=(--set model.num_layers=16 --set model.d_model=2048 --set model.num_heads=16
        --set model.vocab_size=32000 --set model.seq_len=2048)
 HFSET=(--set "model.hf_path=$HF")
+SNAP=(); [[ ${SNAPSHOTS:-0} != 0 ]] && SNAP=(--set "checkpoint.local_interval_steps=$SNAPSHOTS")
 rc=0
 excerpt() {  # the launcher/trainer lines of each run's log, small enough to bring back
   for f in "$1"/*.log; do
@@ -50,8 +53,8 @@ if [[ ,${PART:-steps,recovery}, == *,recovery,* ]]; then
     [[ $model == hf ]] && extra=("${HFSET[@]}") && scenarios=exception-inprocess,sigkill
     python3 -m bench.recovery --repeats "${REPEATS:-1}" --scenarios "$scenarios" --fault-rank 0 \
       --steps 50 --fault-step 45 --checkpoint-interval 20 "${SHAPE[@]}" --set data.batch_size=8 \
-      "${extra[@]}" --set checkpoint.local_dir=/dev/shm/rtj-local --set checkpoint.keep=2 \
-      --run-timeout 150 --work-dir /tmp/rb --out "$OUT/recovery-$model.json" || rc=1
+      "${extra[@]}" "${SNAP[@]}" --set checkpoint.local_dir=/dev/shm/rtj-local \
+      --set checkpoint.keep=2 --run-timeout 150 --work-dir /tmp/rb --out "$OUT/recovery-$model.json" || rc=1
     excerpt /tmp/rb "$OUT/recovery-$model-log.txt"
   done
 fi
@@ -61,8 +64,8 @@ if [[ ,${PART:-}, == *,goodput,* ]]; then
   timeout "${GOODPUT_TIMEOUT:-530}" python3 -m bench.goodput --variants faulted-inprocess \
     --steps 2000 --faults 330:0:exception,740:0:sigkill,1130:0:hang,1560:0:exception,1870:0:sigkill \
     --checkpoint-interval 100 --heartbeat-timeout 10 "${SHAPE[@]}" --set data.batch_size=4 \
-    "${extra[@]}" --set checkpoint.local_dir=/dev/shm/rtj-local --set checkpoint.keep=2 \
-    --run-timeout 460 --work-dir /tmp/gp --out "$OUT/goodput-${MODEL:-hf}.json" || rc=1
+    "${extra[@]}" "${SNAP[@]}" --set checkpoint.local_dir=/dev/shm/rtj-local \
+    --set checkpoint.keep=2 --run-timeout 460 --work-dir /tmp/gp --out "$OUT/goodput-${MODEL:-hf}.json" || rc=1
   excerpt /tmp/gp "$OUT/goodput-${MODEL:-hf}-log.txt"
 fi
 exit $rc
