@@ -36,6 +36,7 @@ from rtj_operator import (
 )
 from rtj_operator.api.models import ResilientTrainingJob, parse_job, parse_status, plain
 from rtj_operator.api.status import ResilientTrainingJobStatus, compact_ranks
+from rtj_operator.api.vocabulary import IncidentCause
 from rtj_operator.config import OperatorSettings, pinned_to_services
 from rtj_operator.errors import InvalidJobError
 from rtj_operator.intents import CreateObject, DeletePod, PostEvent
@@ -253,6 +254,16 @@ def trainer_views(job_name: str, pods: Iterable[Mapping[str, Any]]) -> dict[int,
                                     claims=()).trainer_pods)
 
 
+ABSENCE_CAUSES = frozenset({IncidentCause.POD_VANISHED, IncidentCause.RENDEZVOUS_LOST})
+"""Faults a pass may find only because a pod is missing from what it observed."""
+
+
+def acts_on_absence(decision: decisions.Decision) -> bool:
+    """Whether the decision opens an incident for a pod that is gone (or may be): one the pass
+    must see again in a list before acting on a watch cache's word."""
+    return any(incident.cause in ABSENCE_CAUSES for incident in decision.incidents)
+
+
 class CacheLagging(Exception):
     """The watch cache does not show this operator's own writes yet, and the pass may not list
     the children instead (a pass woken by a pod change waits for the cache)."""
@@ -285,27 +296,39 @@ async def run_pass(
         children = None  # the watch cache lags behind our own writes: list this time
     stops = (stop_memory.seen(namespace, job.name, now_utc())
              if stop_memory is not None else ())
-    observed = await observe.observe(
-        api, namespace=namespace, job_name=job.name, job_uid=job.metadata.uid or "",
-        timeout=settings.api_request_timeout_seconds, node_cache=node_cache, children=children,
-        stops=stops,
-    )
-    # The job keeps the ports its Services were created with (an operator restarted with other
-    # port settings must not split it).
-    settings = pinned_to_services(settings, observed.service_ports)
-    plan = plan_for(job, settings)
-    memo.procs_per_node = plan.procs_per_node
-    memo.metrics_port = settings.trainer_metrics_port
-    liveness = await _read_liveness(memo, scraper, observed, reads,
-                                    base_port=settings.trainer_metrics_port,
-                                    procs=plan.procs_per_node)
-    queue = await _observe_queue(api, job, memo, settings)
-    decision = decisions.decide(
-        job=job, plan=plan, observed=observed, liveness=liveness, now=now_utc(),
-        memory=memo.memory,
-        settings=settings,
-        queue=queue,
-    )
+    given = settings
+
+    async def observe_and_decide(
+        children: observe.Children | None,
+    ) -> tuple[OperatorSettings, decisions.Decision]:
+        observed = await observe.observe(
+            api, namespace=namespace, job_name=job.name, job_uid=job.metadata.uid or "",
+            timeout=given.api_request_timeout_seconds, node_cache=node_cache,
+            children=children, stops=stops,
+        )
+        # The job keeps the ports its Services were created with (an operator restarted with
+        # other port settings must not split it).
+        settings = pinned_to_services(given, observed.service_ports)
+        plan = plan_for(job, settings)
+        memo.procs_per_node = plan.procs_per_node
+        memo.metrics_port = settings.trainer_metrics_port
+        liveness = await _read_liveness(memo, scraper, observed, reads,
+                                        base_port=settings.trainer_metrics_port,
+                                        procs=plan.procs_per_node)
+        queue = await _observe_queue(api, job, memo, settings)
+        return settings, decisions.decide(
+            job=job, plan=plan, observed=observed, liveness=liveness, now=now_utc(),
+            memory=memo.memory, settings=settings, queue=queue,
+        )
+
+    settings, decision = await observe_and_decide(children)
+    if children is not None and acts_on_absence(decision):
+        # A pod missing from the watch cache is not yet a pod gone: at 5,000 pods the cache
+        # lagged minutes behind their creation and a job was restarted for 2,190 pods that
+        # existed. Confirmed by a list before anything is done about it.
+        if not may_list:
+            raise CacheLagging("pods missing from the watch cache: confirmed by a list first")
+        settings, decision = await observe_and_decide(None)
     refused = await actions.apply(api, namespace=namespace, job_name=job.name,
                                   actions=decision.actions,
                                   timeout=settings.api_request_timeout_seconds)
