@@ -146,6 +146,8 @@ class Pass:
         else:
             self.prev = job.status or ResilientTrainingJobStatus()
         self.actions: list[Action] = []
+        self._deleted: set[str] = set()
+        """The pods this pass deletes (`delete_pod`), by UID."""
         self.events: list[PostEvent] = []
         self.incidents: list[Incident] = list(self.prev.incidents)
         self.opened: list[Incident] = []
@@ -220,8 +222,9 @@ class Pass:
         """Delete a pod (once: one already deleting is left to finish), or force-delete it when
         its node is lost, deleting or not: its kubelet would never confirm the delete.
         `grace_seconds` overrides the pod's grace period (fault recovery)."""
-        if any(isinstance(a, DeletePod) and a.uid == pod.uid for a in self.actions):
+        if pod.uid in self._deleted:
             return  # already decided in this pass
+        self._deleted.add(pod.uid)
         node = self.lost.get(pod.uid)
         if node is not None:
             self.actions.append(DeletePod(pod.name, pod.uid, force=True))
@@ -245,8 +248,9 @@ class Pass:
                 or pod.uid in self.lost:
             self.delete_pod(pod, why, grace_seconds=grace_seconds)
             return
-        if any(isinstance(a, DeletePod) and a.uid == pod.uid for a in self.actions):
+        if pod.uid in self._deleted:
             return
+        self._deleted.add(pod.uid)
         self.actions.append(DeletePod(pod.name, pod.uid, force=True))
         self.event("Normal", "DeletedPod",
                    f"Deleted pod {pod.name} at once (its containers have ended): {why}")
