@@ -251,13 +251,12 @@ async def run(*, key: JobKey, body: kopf.Body, memo: kopf.Memo, job: reconcile.J
                 loop.reading.add_done_callback(lambda _task: loop.nudge.set())
                 continue
             if plan.trigger == "interval" and loop.reading is not None:
-                if loop.reading.done() and not loop.reading.cancelled() and (
-                        loop.reading.exception() is None):
-                    watched[key] = len(loop.reading.result().read)
-                if not _take_read(loop.reading, job, key, children):
+                taken = _take_read(loop.reading, job, key, children)
+                if taken is None:
                     loop.reading = None
                     loop.full_due = now + settings.reconcile_interval_seconds
                     continue
+                watched[key] = len(taken.read)
                 loop.reading = None
             await _pass_and_schedule(plan, key=key, body=body, memo=memo, job=job, loop=loop,
                                      children=children, settings=settings)
@@ -280,18 +279,18 @@ def unreachable_reason(error: BaseException) -> str:
 
 
 def _take_read(task: asyncio.Task[EveryPodRead], job: reconcile.JobMemo, key: JobKey,
-               children: Children) -> bool:
+               children: Children) -> EveryPodRead | None:
     """Merge a finished background read into the job's last reads (a pod read again since it
-    began keeps its newer read); False when the read failed."""
+    began keeps its newer read) and return it; None when the read failed."""
     try:
         done = task.result()
     except Exception:
         LOG.exception("%s/%s: reading the pods' liveness failed", *key)
-        return False
+        return None
     pods = reconcile.trainer_views(key[1], children()[0])
     job.liveness = reconcile.merged_reads(job.liveness, done.answers, done.read, pods,
                                           since=done.began)
-    return True
+    return done
 
 
 async def _pass_and_schedule(plan: NextPass, *, key: JobKey, body: kopf.Body, memo: kopf.Memo,

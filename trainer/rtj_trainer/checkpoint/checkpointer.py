@@ -41,6 +41,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,17 @@ from .tracking import CommitTracking, PendingSave
 from .writer import write_shard, write_snapshot
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _SnapshotWrite:
+    """A node-local snapshot's write in this rank's writer (`Checkpointer.snapshot`)."""
+
+    step: int | None = None
+    written: bool = True
+
+    def finish(self) -> None:
+        self.written = True
 
 
 class Checkpointer(CommitTracking, Resumable):
@@ -133,8 +145,8 @@ class Checkpointer(CommitTracking, Resumable):
         self._staging = HostStaging.of(self.carry)
         self._deleter = BackgroundDeleter()
         self._queue: Any = None
-        self._snapshot: list[Any] = [None, True]
-        """The last snapshot's step and whether its write is done (`snapshot`)."""
+        self._snapshot = _SnapshotWrite()
+        """The last snapshot's write (`snapshot`)."""
         self._local: Path | None = None
         if cfg.local_dir:
             self._local = local_copy_dir(Path(cfg.local_dir), root, rank, world_size)
@@ -167,7 +179,7 @@ class Checkpointer(CommitTracking, Resumable):
         return asyncwriter.alive(self._queue) and self._writes_done()
 
     def _writes_done(self) -> bool:
-        return self._snapshot[1] and all(p.written for p in self._pending)
+        return self._snapshot.written and all(p.written for p in self._pending)
 
     def _keep_alive(self) -> None:
         now = time.monotonic()
@@ -186,7 +198,7 @@ class Checkpointer(CommitTracking, Resumable):
             if asyncwriter.died(self._queue):
                 raise CheckpointError("the NVRx checkpoint writer process died")
             if deadline is not None and time.monotonic() > deadline:
-                step = next((p.step for p in self._pending if not p.written), self._snapshot[0])
+                step = next((p.step for p in self._pending if not p.written), self._snapshot.step)
                 raise CommitTimeoutError(f"this rank's write of checkpoint step {step} did not "
                                          "finish in time")
             self._keep_alive()
@@ -279,9 +291,8 @@ class Checkpointer(CommitTracking, Resumable):
                                       layout)
         args = (str(self._local), step, self.identity, skeleton, layout, blob)
         if self.cfg.mode == "async":
-            done = self._snapshot = [step, False]
-            request = asyncwriter.request(write_snapshot, (*args, True),
-                                          [lambda: done.__setitem__(1, True)])
+            done = self._snapshot = _SnapshotWrite(step, written=False)
+            request = asyncwriter.request(write_snapshot, (*args, True), [done.finish])
             self._async_queue().schedule_async_request(request)
         else:
             write_snapshot(*args, False)
@@ -314,7 +325,7 @@ class Checkpointer(CommitTracking, Resumable):
         with contextlib.suppress(Exception):
             self._queue.close(abort=True)
         self._writers.stopped_busy(self.rank)
-        self._snapshot[1] = True  # a snapshot cut short is simply not there
+        self._snapshot.finish()  # a snapshot cut short is simply not there
         log.info("checkpoint writer stopped: a write was in flight", extra={"rank": self.rank})
         self._queue = None
 
