@@ -91,8 +91,10 @@ def test_a_warm_spare_takes_over_a_lost_pod_and_the_others_keep_their_processes(
     taken = wait_for("the spare to take over", lambda: (
         s if (s := status(cluster, ns, name)).get("restarts", {}).get("spare") == 1 else None),
         timeout=120, context=context)
-    incident = taken["incidents"][-1]
-    assert (incident["action"], incident["nodeIndex"]) == ("SpareTakeover", 1)
+    # The survivors' in-process restart may be recorded (an incident of its own, with no node)
+    # before this read: the takeover is found by its action, not by its place in the list.
+    takeovers = [i for i in taken["incidents"] if i["action"] == "SpareTakeover"]
+    assert [i.get("nodeIndex") for i in takeovers] == [1], taken["incidents"]
     assert taken["restarts"]["rank"] == 0 and taken["restarts"]["full"] == 0
     # Training goes on past the kill with the spare's ranks in pod 1's place ...
     wait_for("training to go on", lambda: (status(cluster, ns, name).get("step") or 0)
