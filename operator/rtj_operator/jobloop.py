@@ -39,10 +39,19 @@ from typing import Any
 import kopf
 import urllib3
 
-from rtj_operator import actions, kueueapi, leader, metrics, observe, reconcile, scraping
+from rtj_operator import (
+    actions,
+    kueueapi,
+    leader,
+    metrics,
+    observe,
+    reconcile,
+    scraping,
+    views,
+)
 from rtj_operator.config import OperatorSettings
 from rtj_operator.errors import InvalidJobError
-from rtj_operator.observed import NodeLiveness
+from rtj_operator.observed import NodeLiveness, PodView
 
 LOG = logging.getLogger("rtj_operator")
 
@@ -50,6 +59,12 @@ EVENT_PASS_GAP_SECONDS = 0.5
 """Least time between the starts of two passes woken by pod changes (or the last such pass's
 duration, when longer): a burst of pod events costs a pass or two a second, not one per
 event."""
+PASS_SPACING_FACTOR = 3.0
+"""A pass woken by a pod change or a heartbeat deadline starts at least this many times the last
+such pass's duration after that one began: however large the job, those passes take at most a
+third of the operator's core (a 5,000-pod job's deadlines, spread over its heartbeat timeout,
+had its passes run back to back), and the pods due meanwhile are read in one pass. A small
+job's passes take milliseconds: the spacing is nothing there."""
 DEADLINE_MARGIN_SECONDS = 0.05
 """A pod due at a heartbeat deadline is read this long after it (the verdict needs the
 deadline passed)."""
@@ -87,15 +102,17 @@ class NextPass:
 def next_pass(*, now: float, wall_now: float, full_due: float, full_requested: bool,
               reading: bool, read_done: bool, pods_changed: bool, last_pods_start: float,
               last_pods_seconds: float, last_start_wall: float,
-              recheck: Mapping[int, float]) -> NextPass:
+              recheck: Mapping[int, float], last_quick_start: float = -math.inf,
+              last_quick_seconds: float = 0.0) -> NextPass:
     """The next thing a job's loop does: a full pass at once when requested; the interval's
     pass at once when a background read of every pod just finished (`read_done`); else the
     earliest of starting that read (at `full_due`, unless one is `reading`), a pass after a pod
     change (`pods_changed`, coalesced: not before `last_pods_start` + max(EVENT_PASS_GAP_SECONDS,
     `last_pods_seconds`)) and the first heartbeat deadline (`recheck`, Unix times) not yet
-    handled by a pass that started after it. Those two read the pods whose deadlines have passed
-    by then. `now`, `full_due` and `last_pods_start` are monotonic; `wall_now` and
-    `last_start_wall` Unix time."""
+    handled by a pass that started after it; neither of those two before `last_quick_start` +
+    PASS_SPACING_FACTOR x `last_quick_seconds` (the last pass woken by either). Those two read
+    the pods whose deadlines have passed by then. `now`, `full_due`, `last_pods_start` and
+    `last_quick_start` are monotonic; `wall_now` and `last_start_wall` Unix time."""
     if full_requested:
         return NextPass(now, reconcile.READ_EVERY_POD, "start")
     if read_done:
@@ -103,13 +120,15 @@ def next_pass(*, now: float, wall_now: float, full_due: float, full_requested: b
     pending = {index: at for index, at in recheck.items()
                if at + DEADLINE_MARGIN_SECONDS > last_start_wall}
     candidates = [] if reading else [NextPass(full_due, reconcile.READ_EVERY_POD, "read")]
+    spaced = last_quick_start + PASS_SPACING_FACTOR * last_quick_seconds
     if pending:
         first = min(pending.values()) + DEADLINE_MARGIN_SECONDS
-        candidates.append(NextPass(max(now, now + (first - wall_now)), reconcile.READ_NONE,
-                                   "deadline"))
+        candidates.append(NextPass(max(now, now + (first - wall_now), spaced),
+                                   reconcile.READ_NONE, "deadline"))
     if pods_changed:
         gap = max(EVENT_PASS_GAP_SECONDS, last_pods_seconds)
-        candidates.append(NextPass(max(now, last_pods_start + gap), reconcile.READ_NONE, "pods"))
+        candidates.append(NextPass(max(now, last_pods_start + gap, spaced), reconcile.READ_NONE,
+                                   "pods"))
     if not candidates:
         return NextPass(math.inf, reconcile.READ_NONE, "read")  # wait for the read to finish
     chosen = min(candidates, key=lambda c: c.at)
@@ -130,6 +149,9 @@ class EveryPodRead:
     began: float
     read: tuple[int, ...]
     answers: Mapping[int, NodeLiveness]
+    readable: int = 0
+    """The job's pods that have a liveness endpoint, those the sweep skipped included: what the
+    sweep budget counts (`sweep_interval`)."""
 
 
 class JobLoop:
@@ -143,6 +165,12 @@ class JobLoop:
         self.full_due = 0.0
         self.last_pods_start = -math.inf
         self.last_pods_seconds = 0.0
+        self.last_quick_start = -math.inf
+        """When (monotonic) the last pass woken by a pod change or a deadline began."""
+        self.last_quick_seconds = 0.0
+        self.last_sweep_ended: float | None = None
+        """When (Unix time) the last read of every pod was taken in: the next one skips the
+        pods read since (`sweep_targets`)."""
         self.last_start_wall = -math.inf
         self.reading: asyncio.Task[EveryPodRead] | None = None
 
@@ -208,15 +236,33 @@ def _interval(settings: OperatorSettings, memo: kopf.Memo) -> float:
         1 - INTERVAL_JITTER, 1 + INTERVAL_JITTER)
 
 
+def sweep_targets(pods: Iterable[PodView], liveness: Mapping[int, NodeLiveness],
+                  since: float | None) -> list[PodView]:
+    """The pods a sweep reads: every pod with a liveness endpoint but those read since `since`
+    (Unix time; the previous sweep's reads were in by then) by a read that answered, at a
+    heartbeat deadline. So each pod is still read at least once a sweep interval, and a large
+    job, whose
+    every pod is read at its own deadline about once a heartbeat timeout, is not read a second
+    time by its sweeps (at 5,000 pods, 500 reads a second of each kind)."""
+    targets = [pod for pod in pods if scraping.readable(pod)]
+    if since is None:
+        return targets
+    return [pod for pod in targets
+            if not ((node := liveness.get(pod.node_index or 0)) is not None
+                    and node.pod_uid == pod.uid and (node.read_time or 0.0) >= since)]
+
+
 async def _read_every_pod(scraper: scraping.Scraper, job_name: str, children: Children, *,
-                          base_port: int, procs: int) -> EveryPodRead:
+                          base_port: int, procs: int, liveness: Mapping[int, NodeLiveness],
+                          since: float | None,
+                          cache: views.PodViewCache | None = None) -> EveryPodRead:
     began = time.time()
-    pods = reconcile.trainer_views(job_name, children()[0])
-    targets = [pod for pod in pods.values() if scraping.readable(pod)]
+    pods = reconcile.trainer_views(job_name, children()[0], cache)
+    targets = sweep_targets(pods.values(), liveness, since)
     answers = await scraper.scrape(targets, base_port=base_port, procs=procs)
     metrics.LIVENESS_READ_SECONDS.observe(time.time() - began)
     return EveryPodRead(began, tuple(p.node_index for p in targets if p.node_index is not None),
-                        answers)
+                        answers, readable=sum(1 for p in pods.values() if scraping.readable(p)))
 
 
 async def run(*, key: JobKey, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
@@ -237,7 +283,8 @@ async def run(*, key: JobKey, body: kopf.Body, memo: kopf.Memo, job: reconcile.J
                 read_done=loop.reading is not None and loop.reading.done(),
                 pods_changed=loop.pods_changed, last_pods_start=loop.last_pods_start,
                 last_pods_seconds=loop.last_pods_seconds, last_start_wall=loop.last_start_wall,
-                recheck=job.recheck)
+                recheck=job.recheck, last_quick_start=loop.last_quick_start,
+                last_quick_seconds=loop.last_quick_seconds)
             if plan.at > now:
                 await loop.sleep(plan.at - now)
                 continue
@@ -247,7 +294,8 @@ async def run(*, key: JobKey, body: kopf.Body, memo: kopf.Memo, job: reconcile.J
                 loop.reading = asyncio.create_task(_read_every_pod(
                     memo["scraper"], key[1], children,
                     base_port=job.metrics_port or settings.trainer_metrics_port,
-                    procs=job.procs_per_node))
+                    procs=job.procs_per_node, liveness=job.liveness,
+                    since=loop.last_sweep_ended, cache=job.pod_views))
                 loop.reading.add_done_callback(lambda _task: loop.nudge.set())
                 continue
             if plan.trigger == "interval" and loop.reading is not None:
@@ -256,7 +304,8 @@ async def run(*, key: JobKey, body: kopf.Body, memo: kopf.Memo, job: reconcile.J
                     loop.reading = None
                     loop.full_due = now + settings.reconcile_interval_seconds
                     continue
-                watched[key] = len(taken.read)
+                watched[key] = taken.readable
+                loop.last_sweep_ended = time.time()
                 loop.reading = None
             await _pass_and_schedule(plan, key=key, body=body, memo=memo, job=job, loop=loop,
                                      children=children, settings=settings)
@@ -287,7 +336,7 @@ def _take_read(task: asyncio.Task[EveryPodRead], job: reconcile.JobMemo, key: Jo
     except Exception:
         LOG.exception("%s/%s: reading the pods' liveness failed", *key)
         return None
-    pods = reconcile.trainer_views(key[1], children()[0])
+    pods = reconcile.trainer_views(key[1], children()[0], job.pod_views)
     job.liveness = reconcile.merged_reads(job.liveness, done.answers, done.read, pods,
                                           since=done.began)
     return done
@@ -304,9 +353,10 @@ async def _pass_and_schedule(plan: NextPass, *, key: JobKey, body: kopf.Body, me
         loop.full_requested = False
     loop.last_start_wall = time.time()
     retry: float | None = None
+    busy = 0.0
     try:
-        await run_pass(body=body, memo=memo, job=job, plan=plan, children=children(),
-                       settings=settings)
+        busy = await run_pass(body=body, memo=memo, job=job, plan=plan, children=children(),
+                              settings=settings)
     except kopf.TemporaryError as error:
         metrics.RECONCILE_PASSES.labels(outcome="retry").inc()
         LOG.warning("%s/%s: pass failed, retried in %g s: %s", *key, error.delay, error)
@@ -325,6 +375,8 @@ async def _pass_and_schedule(plan: NextPass, *, key: JobKey, body: kopf.Body, me
     end = time.monotonic()
     if plan.trigger == "pods":
         loop.last_pods_start, loop.last_pods_seconds = started, end - started
+    if plan.trigger in ("pods", "deadline"):
+        loop.last_quick_start, loop.last_quick_seconds = started, busy
     if plan.reads.every_pod or plan.trigger == "interval":
         loop.full_due = end + _interval(settings, memo)
     if retry is not None:
@@ -333,9 +385,10 @@ async def _pass_and_schedule(plan: NextPass, *, key: JobKey, body: kopf.Body, me
 
 async def run_pass(*, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
                    plan: NextPass, children: observe.Children,
-                   settings: OperatorSettings) -> None:
+                   settings: OperatorSettings) -> float:
     """One pass (observe, decide, act), then its status write and Events: nothing when this
-    replica is not the leader any more, or the job is finished and idle."""
+    replica is not the leader any more, or the job is finished and idle. Returns the pass's own
+    work in seconds (`PassResult.busy_seconds`; 0 when it did nothing)."""
     elector: leader.LeaseElector | None = memo.get("elector")
     namespace, name = body.metadata.namespace or "", body.metadata.name or ""
     if elector is not None and not elector.is_leader():
@@ -343,7 +396,7 @@ async def run_pass(*, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
         # another replica may lead already. Act on nothing, write nothing.
         LOG.warning("%s/%s: skipping the pass: the Lease was not renewed in time",
                     namespace, name)
-        return
+        return 0.0
     remembered = job.memory.status
     state = remembered.state if remembered is not None else (body.get("status") or {}).get(
         "state")
@@ -351,7 +404,7 @@ async def run_pass(*, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
     if finished_and_idle(state, running_pods(children[0]),
                          (body.get("spec") or {}).get("ttlSecondsAfterFinished"),
                          workload_pending=queued and not job.workload_settled):
-        return
+        return 0.0
     in_flight: dict[str, float] = memo["health"]["in_flight"]
     flight_key = f"{namespace}/{name}"
     async with job.lock:
@@ -368,10 +421,10 @@ async def run_pass(*, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
                 if error.status:
                     await _write_status(memo, job, namespace, name, error.status, settings)
                     kopf.event(body, type="Warning", reason="InvalidSpec", message=str(error))
-                return
+                return 0.0
             except reconcile.CacheLagging:
                 metrics.RECONCILE_PASSES.labels(outcome="waiting_for_cache").inc()
-                return
+                return 0.0
             if result.status_patch:
                 await _write_status(memo, job, namespace, name, result.status_patch, settings)
         finally:
@@ -381,6 +434,7 @@ async def run_pass(*, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
     for event in result.events:
         LOG.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
         kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
+    return result.busy_seconds
 
 
 async def _write_status(memo: kopf.Memo, job: reconcile.JobMemo, namespace: str, name: str,

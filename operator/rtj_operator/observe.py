@@ -30,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rtj_operator import naming
 from rtj_operator.observed import NodeView, Observed, StopSeen
-from rtj_operator.views import node_view, observed_from
+from rtj_operator.views import PodViewCache, node_view, observed_from
 
 LOG = logging.getLogger("rtj_operator")
 NODE_CACHE_SECONDS = 10.0
@@ -209,10 +209,11 @@ async def observe(
     api: kubernetes.client.ApiClient, *, namespace: str, job_name: str, job_uid: str,
     timeout: float, node_cache: NodeCache | None = None, children: Children | None = None,
     stops: Iterable[StopSeen] = (),
+    views: PodViewCache | None = None,
 ) -> Observed:
     """The job's children from the watch caches (`children`), else read now (each API call
     bounded by `timeout` seconds), their nodes' readiness from `node_cache` when one is given,
-    and the stops the pod watch remembered."""
+    and the stops the pod watch remembered; `views` keeps the job's pod views between passes."""
     if children is not None:
         pods, services, claims = children
     else:
@@ -225,5 +226,5 @@ async def observe(
         disrupted = node_cache.disruption() if nodes is not None else None
     return observed_from(
         job_name=job_name, job_uid=job_uid, pods=pods, services=services, claims=claims,
-        nodes=nodes, stops=stops, nodes_disrupted=disrupted,
+        nodes=nodes, stops=stops, nodes_disrupted=disrupted, cache=views,
     )

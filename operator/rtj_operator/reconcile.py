@@ -74,6 +74,8 @@ class JobMemo:
     written: dict[str, tuple[Any, float]] = field(default_factory=dict)
     """Top-level status fields this operator wrote (value, monotonic time) that the watch has
     not shown yet (`unseen_writes`)."""
+    pod_views: views.PodViewCache = field(default_factory=views.PodViewCache)
+    """The job's pod views, kept while a pod is unchanged in the watch cache."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,9 @@ class PassResult:
 
     status_patch: dict[str, Any]
     events: list[PostEvent]
+    busy_seconds: float = 0.0
+    """The pass's own work (viewing the pods, deciding, the patch), without its waits for reads
+    and API calls: what spaces the job's next pass (`jobloop.PASS_SPACING_FACTOR`)."""
 
 
 def unseen_writes(written: Mapping[str, tuple[Any, float]], seen: Mapping[str, Any],
@@ -247,11 +252,12 @@ async def _read_liveness(memo: JobMemo, scraper: scraping.Scraper, observed: Obs
     return memo.liveness
 
 
-def trainer_views(job_name: str, pods: Iterable[Mapping[str, Any]]) -> dict[int, PodView]:
+def trainer_views(job_name: str, pods: Iterable[Mapping[str, Any]],
+                  cache: views.PodViewCache | None = None) -> dict[int, PodView]:
     """The job's trainer pods (from the watch cache) as the decisions see them, by node
     index."""
     return dict(views.observed_from(job_name=job_name, job_uid="", pods=pods, services=(),
-                                    claims=()).trainer_pods)
+                                    claims=(), cache=cache).trainer_pods)
 
 
 ABSENCE_CAUSES = frozenset({IncidentCause.POD_VANISHED, IncidentCause.RENDEZVOUS_LOST})
@@ -297,15 +303,19 @@ async def run_pass(
     stops = (stop_memory.seen(namespace, job.name, now_utc())
              if stop_memory is not None else ())
     given = settings
+    busy = 0.0
 
     async def observe_and_decide(
         children: observe.Children | None,
     ) -> tuple[OperatorSettings, decisions.Decision]:
+        nonlocal busy
+        began = time.monotonic()
         observed = await observe.observe(
             api, namespace=namespace, job_name=job.name, job_uid=job.metadata.uid or "",
             timeout=given.api_request_timeout_seconds, node_cache=node_cache,
-            children=children, stops=stops,
+            children=children, stops=stops, views=memo.pod_views,
         )
+        busy += time.monotonic() - began
         # The job keeps the ports its Services were created with (an operator restarted with
         # other port settings must not split it).
         settings = pinned_to_services(given, observed.service_ports)
@@ -316,10 +326,13 @@ async def run_pass(
                                         base_port=settings.trainer_metrics_port,
                                         procs=plan.procs_per_node)
         queue = await _observe_queue(api, job, memo, settings)
-        return settings, decisions.decide(
+        began = time.monotonic()
+        decided = decisions.decide(
             job=job, plan=plan, observed=observed, liveness=liveness, now=now_utc(),
             memory=memo.memory, settings=settings, queue=queue,
         )
+        busy += time.monotonic() - began
+        return settings, decided
 
     settings, decision = await observe_and_decide(children)
     if children is not None and acts_on_absence(decision):
@@ -346,9 +359,10 @@ async def run_pass(
         stale=decision.unresponsive,
         stale_after_seconds=job.spec.fault_tolerance.heartbeat_timeout_seconds,
     )
-    return PassResult(status_patch=_status_to_write(memo, current_status, decision.status,
-                                                    settings),
-                      events=decision.events)
+    began = time.monotonic()
+    patch = _status_to_write(memo, current_status, decision.status, settings)
+    return PassResult(status_patch=patch, events=decision.events,
+                      busy_seconds=busy + time.monotonic() - began)
 
 
 def _parse(body: Mapping[str, Any], memo: JobMemo,

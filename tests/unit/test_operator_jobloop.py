@@ -70,6 +70,42 @@ def test_pod_changes_in_a_burst_are_coalesced() -> None:
                 full_due=105.0).at == 101.9
 
 
+def test_passes_woken_by_deadlines_or_pods_are_spaced_by_their_own_cost() -> None:
+    """A 5,000-pod job's heartbeat deadlines, spread over its timeout, ran its passes back to
+    back (0.3 s each: the operator's whole core). The next such pass now waits
+    PASS_SPACING_FACTOR x the last one's work, and reads every pod due by then at once."""
+    recheck = {7: WALL + 0.1, 8: WALL + 0.3, 9: WALL + 0.44, 10: WALL + 30.0}
+    spaced = plan(full_due=105.0, recheck=recheck, last_quick_start=99.9,
+                  last_quick_seconds=0.2)
+    assert spaced.at == pytest.approx(99.9 + jobloop.PASS_SPACING_FACTOR * 0.2)
+    assert (spaced.reads, spaced.trigger) == (Reads(pods=frozenset({7, 8, 9})), "deadline")
+    # A pod change waits as long; a small job's passes (milliseconds) are not held back.
+    assert plan(pods_changed=True, full_due=105.0, last_quick_start=99.9,
+                last_quick_seconds=0.2).at == pytest.approx(100.5)
+    quick = plan(full_due=105.0, recheck=recheck, last_quick_start=99.9,
+                 last_quick_seconds=0.004)
+    assert quick.at == pytest.approx(100.1 + DEADLINE_MARGIN_SECONDS)
+    assert quick.reads == Reads(pods=frozenset({7}))
+
+
+def test_a_sweep_skips_the_pods_read_at_their_deadlines_since_the_last_sweep() -> None:
+    """At 5,000 pods every pod was read twice a heartbeat timeout: at its deadline and by the
+    sweep. A sweep now reads only the pods not read (with an answer) since the last one."""
+    from rtj_operator.observed import NodeLiveness, PodView
+
+    def view(index: int, uid: str = "", phase: str = "Running") -> PodView:
+        return PodView(name=f"j-{index}", uid=uid or f"u{index}", role="trainer",
+                       node_index=index, phase=phase, pod_ip="127.0.0.2")
+
+    pods = [view(0), view(1), view(2, uid="replaced"), view(3), view(4, phase="Pending")]
+    read = {i: NodeLiveness(node_index=i, pod_uid=f"u{i}", samples=(), expected_ranks=8,
+                            read_time=WALL + t) for i, t in ((0, 5.0), (1, -5.0), (2, 5.0))}
+    assert jobloop.sweep_targets(pods, read, None) == pods[:4]  # the first sweep: every pod
+    # Pod 0 was read after the last sweep ended; pod 1 before it; pod 2's read was of the pod
+    # it replaced; pod 3 did not answer its last read (no read kept); pod 4 has no endpoint.
+    assert [p.name for p in jobloop.sweep_targets(pods, read, WALL)] == ["j-1", "j-2", "j-3"]
+
+
 def test_a_heartbeat_deadline_reads_only_the_pods_due_just_after_it() -> None:
     recheck = {7: WALL + 1.0, 8: WALL + 1.0, 9: WALL + 30.0}
     chosen = plan(full_due=105.0, recheck=recheck)

@@ -15,7 +15,14 @@ from kubernetes.client.exceptions import ApiException
 from rtj_operator.kueueobserve import observe_queue
 from rtj_operator.observe import DISRUPTION_GRACE_SECONDS, FORBIDDEN_RETRY_SECONDS, NodeCache
 from rtj_operator.stopmemory import StopMemory
-from rtj_operator.views import node_view, observed_from, pod_view, slim_object, slim_pod
+from rtj_operator.views import (
+    PodViewCache,
+    node_view,
+    observed_from,
+    pod_view,
+    slim_object,
+    slim_pod,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -128,6 +135,33 @@ def test_a_pod_on_a_lost_node_is_marked_lost_only_with_node_information() -> Non
     assert (view.node_ready, view.node_unreachable, view.node_lost) == ("Unknown", True, True)
     blind = pod_view(raw)  # the operator cannot read nodes
     assert (blind.node_ready, blind.node_lost) == (None, False)
+
+
+def test_a_pod_view_is_kept_while_its_watch_entry_and_its_node_are_unchanged() -> None:
+    """A 5,000-pod pass spent a sixth of its time viewing pods that had not changed; the cache
+    views a pod again when the watch replaced its entry or its node changed, never otherwise."""
+    cache = PodViewCache()
+    running = pod("j-0", "trainer", 0, phase="Running")
+    other = pod("j-1", "trainer", 1, phase="Running")
+    healthy = {"node-a": node_view(HEALTHY_NODE_JSON | {"metadata": {"name": "node-a"}})}
+    first = observed_from(job_name="j", job_uid="u", pods=[running, other], services=[],
+                          claims=[], nodes=healthy, cache=cache).trainer_pods
+    again = observed_from(job_name="j", job_uid="u", pods=[running, other], services=[],
+                          claims=[], nodes=healthy, cache=cache).trainer_pods
+    assert again[0] is first[0] and again[1] is first[1]  # not viewed again
+    # The watch replaced pod 0's entry (it failed); pod 1's node was lost meanwhile.
+    failed = pod("j-0", "trainer", 0, phase="Failed")
+    lost = {"node-a": node_view(LOST_NODE_JSON)}
+    later = observed_from(job_name="j", job_uid="u", pods=[failed, other], services=[],
+                          claims=[], nodes=lost, cache=cache).trainer_pods
+    assert later[0].phase == "Failed" and later[1].node_lost and not first[1].node_lost
+    assert later == observed_from(job_name="j", job_uid="u", pods=[failed, other], services=[],
+                                  claims=[], nodes=lost).trainer_pods  # the same as uncached
+    # Bounded: views of entries no call shows any more are dropped.
+    for n in range(40):
+        observed_from(job_name="j", job_uid="u", pods=[pod("j-0", "trainer", 0, phase=str(n))],
+                      services=[], claims=[], cache=cache)
+    assert len(cache._views) <= 3 + 16
 
 
 def test_an_unschedulable_pod_shows_the_schedulers_reason() -> None:

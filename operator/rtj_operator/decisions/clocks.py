@@ -29,7 +29,7 @@ def not_reporting(p: Pass, index: int) -> bool:
     answers with no rank listed (none serves a metrics page, none connected to its NVRx rank
     monitor). Such a pod is supervised as processes only (exits, lost pods): it is never
     declared hung or stale, and the job's `HangDetection` condition says so (docs/byo.md)."""
-    if p.spec.runs_builtin_trainer:
+    if p.builtin_trainer:
         return False
     node = node_liveness(p, index)
     return node is not None and not node.samples
@@ -48,7 +48,7 @@ def node_heartbeat(p: Pass, index: int) -> datetime | None:
     node = p.liveness.get(index)
     pod = p.observed.trainer_pods.get(index)
     if node is not None and pod is not None and node.pod_uid == pod.uid:
-        beat = oldest_heartbeat(node, listed_only=not p.spec.runs_builtin_trainer)
+        beat = oldest_heartbeat(node, listed_only=not p.builtin_trainer)
         if beat is not None:
             return from_unix(beat)
     previous = p.prev_ranks.get(index)
@@ -104,7 +104,7 @@ def pod_clock(p: Pass, index: int) -> datetime | None:
     if rendezvous is None or rendezvous.phase != "Running" or rendezvous.deleting:
         return None
     moments = [m for m in (shared_clock(p), pod.started_at) if m is not None]
-    if not p.spec.runs_builtin_trainer:
+    if not p.builtin_trainer:
         # A script's rank monitor times a worker from its connection (its initial heartbeat
         # timeout applies until its first heartbeat): so does the operator.
         node = node_liveness(p, index)
@@ -117,8 +117,8 @@ def shared_clock(p: Pass) -> datetime | None:
     """The part of every pod's clock that does not depend on the pod: the latest start of the
     training (not standby) pods that run, the rendezvous pod's start and the last recovery.
     Computed once per pass (`pod_clock` runs for every pod, several times): again only when
-    the standby pods or the incidents changed since."""
-    key = (len(p.standby), len(p.incidents))
+    the standby pods or the incidents changed since (`Pass.clock_key`)."""
+    key = p.clock_key()
     if p.shared_clock is not None and p.shared_clock[0] == key:
         return p.shared_clock[1]
     starts = [pod.started_at for i, pod in p.observed.trainer_pods.items()
