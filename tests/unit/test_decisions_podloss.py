@@ -51,6 +51,25 @@ def test_nothing_else_is_announced(lost: PodView, in_process: bool, announced: b
                                 already_announced=announced, spares=1) is None, why
 
 
+def test_the_peers_are_looked_at_only_for_a_pod_that_failed() -> None:
+    """The pod watch hands the peers lazily: at a 5,000-pod job's start, viewing every peer at
+    every pod event was most of the operator's core (bench.scale, 2026-12-05)."""
+    looked: list[int] = []
+
+    def peers() -> Any:
+        for peer in PEERS:
+            looked.append(peer.node_index or 0)
+            yield peer
+
+    for event in (pod(1), pod(1, phase="Pending"), pod(1, deleting=True)):
+        assert podloss.announcement(event, in_process_restart=True, peers=peers(),
+                                    already_announced=False, spares=1) is None
+    assert looked == []
+    assert podloss.announcement(pod(1, phase="Failed"), in_process_restart=True, peers=peers(),
+                                already_announced=False, spares=1) is not None
+    assert len(looked) == len(PEERS)
+
+
 def test_a_job_without_warm_spares_is_not_told() -> None:
     """No spare can fill the lost ranks: the launchers restart with the replacement pod."""
     assert podloss.announcement(pod(1, phase="Failed"), in_process_restart=True, peers=PEERS,

@@ -43,8 +43,9 @@ def announcement(
 ) -> AnnouncePodLoss | None:
     """What to tell whom after a watch event that shows `pod` (None: nothing).
 
-    `peers` are the job's pods as the operator's watch cache has them; the running trainer
-    pods among them other than `pod` are told. Only a job with warm spares (`spares`, the
+    `peers` are the job's pods as the operator's watch cache has them (consumed only when
+    `pod` failed: the handler views them lazily); the running trainer pods among them other than
+    `pod` are told. Only a job with warm spares (`spares`, the
     pods' RTJ_SPARE_NODES) is told: without a spare to fill the lost ranks, marking them
     terminated lets NVRx's wrapper go on with a smaller world (measured: the job finished with
     a NaN loss), where the launchers must restart with the replacement pod instead."""
