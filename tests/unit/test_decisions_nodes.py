@@ -145,13 +145,38 @@ def test_a_pod_on_a_lost_node_whose_peers_train_on_is_not_force_deleted(
     assert (IncidentCause.NODE_LOST in causes) is not fenced
 
 
-def test_the_peers_word_needs_every_peer_and_a_job_without_spares() -> None:
+def test_the_peers_word_needs_every_peer() -> None:
     # Without a word from the peers (pod 0 silent too), the lost pod is force-deleted as before.
     j = job()
     one = running(j)
     later = AFTER + timedelta(seconds=60)
     observed = world(trainer(0), trainer(1, **LOST_NODE), rdzv=rendezvous())
     assert deletes(then(one, j, observed, now=later, liveness={})) == [("tiny-1", True)]
+
+
+@pytest.mark.parametrize(("spare", "fenced"), [
+    ("standby", True),  # the spare still waits: pod 1's ranks are the ones missing
+    ("took over", False),  # the spare trains in pod 1's ranks: pod 1 left the world
+    ("silent", False),  # no word from every peer
+])
+def test_the_peers_word_holds_in_a_job_with_warm_spares(spare: str, fenced: bool) -> None:
+    """review-2 F6 for warm spares (was: no fence at all with spares). Pod 1's node is lost to
+    the control plane; pod 0 completed step 20 since pod 1 last reported step 10. With the
+    spare (pod 2) still standby, the world (2 pods x 2 ranks) is pod 0's ranks plus pod 1's:
+    pod 1 trains. Once the spare reports its ranks training, the peers fill the world and pod 1
+    may be force-deleted."""
+    before = world(trainer(0), trainer(1), trainer(2), rdzv=rendezvous())
+    first = decide(spare_job(), before, liveness=scraped(before, T0, standby={2}))
+    later = T0 + timedelta(seconds=60)  # past heartbeatTimeoutSeconds (20)
+    lost = world(trainer(0), trainer(1, **LOST_NODE), trainer(2), rdzv=rendezvous())
+    live = scraped(lost, later, step=20, silent=frozenset({1}),
+                   standby={2} if spare == "standby" else set())
+    if spare == "silent":
+        del live[2]
+    second = decide(spare_job(), lost, now=later, memory=first.memory, liveness=live)
+    assert (("tiny-1", True) in deletes(second)) is not fenced, deletes(second)
+    causes = [i["cause"] for i in second.status.get("incidents") or []]
+    assert (IncidentCause.NODE_LOST in causes) is not fenced
 
 
 def test_a_pod_on_a_lost_node_whose_last_read_is_old_is_force_deleted() -> None:

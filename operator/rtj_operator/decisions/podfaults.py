@@ -90,29 +90,49 @@ def lost_pods(p: Pass) -> None:
 def peers_train_on(p: Pass, index: int) -> int | None:
     """The peers' word that the pod on a lost node still takes part in the collectives
     (review-2 F6: a node cut off from the control plane but not from its peers keeps training):
-    the slowest step every other pod of the job completed, read in this pass, when it is more
-    than one step past the last step the pod itself reported. In synchronous training no step
-    completes without every rank, so the pod still trains; a second pod of its name would wait
-    beside it in a rendezvous nobody opens, be declared hung, and cost budget and a healthy node,
-    again and again. None (no such word: the pod may be force-deleted) when a peer does not
-    answer, when the pod never reported a step in its attempt, or in a job with warm spares,
-    where NVRx may already have moved a spare's ranks into the lost pod's, so the peers' progress
-    says nothing of it."""
-    if p.spec.fault_tolerance.spares:
-        return None
+    the slowest step every other training pod of the job completed, read in this pass, when it
+    is more than one step past the last step the pod itself reported, and those pods' ranks
+    leave exactly room for the pod's own in the world (`spec.nodes` x procs per node). In
+    synchronous training no step completes without every rank of the world, and every other pod
+    answered, so the missing ranks are the pod's: it still trains, and a second pod of its name
+    would wait beside it in a rendezvous nobody opens, be declared hung, and cost budget and a
+    healthy node, again and again.
+
+    With warm spares, a pod whose every rank is standby trains nothing and is left out; NVRx's
+    `FillGaps` moves a spare into the ranks of a pod that left the world, and that spare then
+    reports its ranks as training: the peers then fill the world without the pod, and there is
+    no word. The word also needs a spare still standby (with none left, NVRx may go on with a
+    smaller world, which the peers' progress cannot tell from the pod's). A spare's read is up
+    to a sweep old: until its takeover is read, the pod may be held for that long, no longer.
+
+    None (no such word: the pod may be force-deleted) when a peer does not answer for every
+    rank, or the pod never reported a step in its attempt."""
     pod = p.observed.trainer_pods[index]
     previous = p.prev_ranks.get(index)
     if previous is None or previous.step is None or previous.attempt != pod.attempt:
         return None
+    procs = p.plan.procs_per_node
+    training_ranks = 0
+    spare_standing_by = False
     steps = []
     for other in range(p.pods):
         if other == index:
             continue
         node = node_liveness(p, other)
-        step = completed_step(node) if node is not None else None
-        if step is None:
+        if node is None or not node.complete:
             return None  # every peer must answer for the word to count
+        if all(sample.standby for sample in node.samples):
+            spare_standing_by = True
+            continue
+        step = completed_step(node)
+        if step is None:
+            return None
         steps.append(step)
+        training_ranks += len(node.samples)
+    if p.spec.fault_tolerance.spares and not spare_standing_by:
+        return None
+    if training_ranks + procs > p.spec.nodes * procs:
+        return None  # the peers fill the world: the pod's ranks were given to a spare
     if not steps or min(steps) <= previous.step + 1:
         return None
     return min(steps)
