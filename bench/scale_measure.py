@@ -121,6 +121,7 @@ async def operator_metrics(port: int) -> dict[str, Any]:
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
     single: dict[str, float] = {}
+    deadline_reads: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "rtj_operator_reconcile_passes_total":
@@ -129,6 +130,8 @@ async def operator_metrics(port: int) -> dict[str, Any]:
                 sums[sample.labels["trigger"]] = sample.value
             elif sample.name == "rtj_operator_reconcile_seconds_count":
                 counts[sample.labels["trigger"]] = sample.value
+            elif sample.name == "rtj_operator_deadline_reads_total":
+                deadline_reads[sample.labels["outcome"]] = sample.value
             elif sample.name.endswith(("_sum", "_count")):
                 single[sample.name] = sample.value
 
@@ -140,6 +143,7 @@ async def operator_metrics(port: int) -> dict[str, Any]:
         "passes_by_outcome": passes,
         "passes_by_trigger": {k: {"n": int(v), "mean_seconds": round(sums[k] / v, 4)}
                               for k, v in counts.items() if v},
+        "deadline_reads_outside_passes": {k: int(v) for k, v in deadline_reads.items()},
         "every_pod_reads": int(single.get("rtj_operator_liveness_read_seconds_count", 0)),
         "every_pod_read_mean_seconds": mean("rtj_operator_liveness_read_seconds"),
         "heartbeat_stale_detections": int(single.get(

@@ -51,6 +51,13 @@ LIVENESS_READ_SECONDS = Histogram(
     "background, before the interval's pass).",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30), registry=REGISTRY,
 )
+DEADLINE_READS = Counter(
+    "rtj_operator_deadline_reads",
+    "Pods read at their heartbeat deadline by the job's loop itself, by outcome: `renewed` (a "
+    "newer, fresh heartbeat and nothing else new: the deadline moved, no pass ran) or `pass` "
+    "(the read needs a pass: a stale heartbeat, no answer, a restart, a spare's change).",
+    ["outcome"], registry=REGISTRY,
+)
 HEARTBEAT_STALE = Counter(
     "rtj_operator_heartbeat_stale",
     "Episodes of a pod's heartbeat going stale (rank state Unresponsive, Event HeartbeatStale).",

@@ -65,6 +65,13 @@ class JobMemo:
     recheck: dict[int, float] = field(default_factory=dict)
     """The last decision's heartbeat deadlines (Unix time), by node index: a read of that pod
     just after it decides whether it is Unresponsive or hung."""
+    renewable: dict[int, float] = field(default_factory=dict)
+    """The deadlines of `recheck` that a quiet read may move without a pass, with the heartbeat
+    each is timed from (`Decision.renewable`; the job's loop updates both)."""
+    heartbeat_timeout_seconds: float = 0.0
+    builtin_trainer: bool = True
+    """The spec's heartbeatTimeoutSeconds and whether the workers are the built-in trainer,
+    from the last pass: what a quiet read at a deadline is judged by (`renewed_deadline`)."""
     procs_per_node: int | None = None
     """Ranks per pod, from the last pass's plan: what a read of every pod between passes
     expects."""
@@ -349,6 +356,9 @@ async def run_pass(
     decision = decisions.with_refusals(decision, refused, now_utc())
     memo.memory = decision.memory
     memo.recheck = {index: moment.timestamp() for index, moment in decision.recheck.items()}
+    memo.renewable = dict(decision.renewable)
+    memo.heartbeat_timeout_seconds = job.spec.fault_tolerance.heartbeat_timeout_seconds
+    memo.builtin_trainer = job.spec.runs_builtin_trainer
     memo.expected = expectations_after(decision.actions, memo.expected, time.monotonic(),
                                        refused=(r.name for r in refused))
     metrics.record_pass(

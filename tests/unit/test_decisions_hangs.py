@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from rtj_operator.api.vocabulary import IncidentCause, Reason
-from rtj_operator.decisions.hangs import completed_step, oldest_heartbeat
+from rtj_operator.decisions.hangs import completed_step, oldest_heartbeat, renewed_deadline
 from rtj_operator.intents import DeletePod
 from rtj_operator.observed import NodeLiveness, RankSample
 from unit.decisions_builders import (
@@ -467,6 +467,45 @@ def test_each_answering_pod_is_due_for_a_read_when_its_heartbeat_verdict_would_c
                         liveness=answering())
     assert silent_start.decision.recheck == {0: T0 + timedelta(seconds=80),
                                              1: T0 + timedelta(seconds=80)}
+    # Only a deadline that is a Running pod's heartbeat going stale may be moved by a quiet
+    # read without a pass (`renewable`, with the heartbeat it is timed from): not pod 1's, stale
+    # already, nor the deadlines of pods with no heartbeat since their clock started.
+    assert fresh.decision.renewable == {0: now.timestamp(), 1: now.timestamp()}
+    assert stale.decision.renewable == {0: stale_at.timestamp()}
+    assert silent_start.decision.renewable == {}
+
+
+def _read(at: datetime, beat: datetime, **changes: object) -> NodeLiveness:
+    node = replace(beats(beat)[0], read_time=at.timestamp())
+    return replace(node, **changes) if changes else node
+
+
+def test_a_quiet_read_at_a_deadline_moves_it_only_when_no_verdict_can_change() -> None:
+    """At 5,000 pods the healthy pods' deadlines come 500 a second; the job's loop moves one
+    with no pass when the pod's read shows a newer heartbeat, fresh at the read, and nothing
+    else new. Anything else goes to a pass."""
+    before = _read(T0, T0)
+    later = T0 + timedelta(seconds=20)
+    renew = {"basis": T0.timestamp(), "timeout_seconds": 20.0, "builtin_trainer": True}
+    fresh = _read(later, later - timedelta(seconds=1))
+    assert renewed_deadline(before, fresh, **renew) == (later + timedelta(seconds=19)).timestamp()
+    restarted = replace(fresh, samples=tuple(replace(s, restarts={"inprocess": 1})
+                                             for s in fresh.samples))
+    spare = replace(fresh, samples=tuple(replace(s, standby=True) for s in fresh.samples))
+    needs_a_pass = {
+        "no answer": None,
+        "no earlier read": fresh,
+        "the same heartbeat": _read(later, T0),
+        "stale at its read": _read(later + timedelta(seconds=25), later - timedelta(seconds=1)),
+        "a rank missing": replace(fresh, samples=fresh.samples[:1]),
+        "finished": replace(fresh, finished=True),
+        "another pod": replace(fresh, pod_uid="replacement"),
+        "a restart counted": restarted,
+        "a rank turned standby": spare,
+    }
+    for why, after in needs_a_pass.items():
+        earlier = None if why == "no earlier read" else before
+        assert renewed_deadline(earlier, after, **renew) is None, why
 
 
 # --- the end of training: a pod whose workers all exited 0 ---------------------------------------

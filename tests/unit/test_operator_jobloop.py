@@ -181,3 +181,75 @@ def test_sweeps_are_spaced_so_that_every_pod_read_fits_the_budget() -> None:
     assert jobloop.sweep_interval(settings, 1_500) == 3.0
     assert jobloop.sweep_interval(settings, 5_000) == 10.0
     assert jobloop.sweep_interval(settings, 40_000) == 80.0
+
+
+def test_renewable_deadlines_are_read_by_the_loop_and_the_rest_by_passes() -> None:
+    recheck = {1: WALL - 1.0, 2: WALL - 1.0, 3: WALL + 4.0, 4: WALL - 1.0, 5: WALL - 3.0}
+    renewable = {1: 0.0, 2: 0.0, 3: 0.0, 5: 0.0}
+    due, upcoming = jobloop.quiet_due(recheck, renewable, {2}, wall_now=WALL,
+                                      last_start_wall=WALL - 2.0)
+    # 1 is due; 2's quiet read needed a pass; 3 is not due yet; 4 is not renewable (a pass
+    # reads it); 5's deadline came before the last pass began (that pass read it).
+    assert due == frozenset({1})
+    assert upcoming == pytest.approx(WALL + 4.0 + DEADLINE_MARGIN_SECONDS)
+    assert jobloop.quiet_due({}, {}, (), wall_now=WALL, last_start_wall=0.0) == (
+        frozenset(), math.inf)
+
+
+def test_a_quiet_read_moves_a_healthy_pods_deadline_and_hands_a_stale_one_to_a_pass() -> None:
+    """The loop's own reads at renewable deadlines (`renew_quietly`): pod 0 beats on, and its
+    deadline moves with no pass; pod 1's heartbeat is stale at its read and pod 2 does not
+    answer: both go to the next pass (`eventful`), which `next_pass` then schedules."""
+    import asyncio
+    import time
+
+    from rtj_operator import reconcile
+    from rtj_operator.config import OperatorSettings
+    from rtj_operator.observed import NodeLiveness, RankSample
+
+    now = time.time()
+
+    def node(index: int, beat: float) -> NodeLiveness:
+        return NodeLiveness(node_index=index, pod_uid=f"u{index}", expected_ranks=1,
+                            read_time=now, samples=(RankSample(local_rank=0, heartbeat=beat),))
+
+    class Pods:
+        """The pods' answers as the scraper returns them (the HTTP reads are tested with real
+        servers in tests/integration and tests/e2e)."""
+
+        asked: list[int] = []
+
+        async def scrape(self, pods: Any, **_: Any) -> dict[int, NodeLiveness]:
+            read = [p.node_index for p in pods]
+            self.asked.extend(read)
+            return {i: a for i, a in {0: node(0, now - 1.0), 1: node(1, now - 25.0)}.items()
+                    if i in read}
+
+    def pod(index: int) -> dict[str, Any]:
+        return {"metadata": {"name": f"j-{index}", "uid": f"u{index}", "labels": {
+            "training.resilient.dev/job": "j", "training.resilient.dev/role": "trainer",
+            "training.resilient.dev/node-index": str(index)}},
+            "status": {"phase": "Running", "podIP": "127.0.0.2"}}
+
+    job = reconcile.JobMemo(procs_per_node=1, heartbeat_timeout_seconds=20.0,
+                            recheck={0: now - 1.0, 1: now - 1.0, 2: now - 1.0},
+                            renewable={0: now - 21.0, 1: now - 21.0, 2: now - 21.0},
+                            liveness={i: node(i, now - 21.0) for i in range(3)})
+    loop = jobloop.JobLoop()
+    scraper = Pods()
+    asyncio.run(jobloop.renew_quietly(
+        frozenset({0, 1, 2}), key=("ns", "j"), memo=kopf.Memo(scraper=scraper), job=job,
+        loop=loop, children=lambda: ([pod(0), pod(1), pod(2)], [], []),
+        settings=OperatorSettings()))
+    assert sorted(scraper.asked) == [0, 1, 2]
+    assert job.recheck[0] == pytest.approx(now - 1.0 + 20.0) and job.renewable[0] == now - 1.0
+    assert loop.eventful == {1, 2}
+    assert job.recheck[1] == now - 1.0 and job.recheck[2] == now - 1.0  # left to the pass
+    assert set(job.liveness) == {0, 1}  # the reads are kept; pod 2 is silent now
+    plan = next_pass(now=100.0, wall_now=now, full_due=105.0, full_requested=False,
+                     reading=False, read_done=False, pods_changed=False,
+                     last_pods_start=-math.inf, last_pods_seconds=0.0,
+                     last_start_wall=now - 10.0,
+                     recheck={i: at for i, at in job.recheck.items()
+                              if i not in job.renewable or i in loop.eventful})
+    assert (plan.trigger, plan.reads) == ("deadline", Reads(pods=frozenset({1, 2})))

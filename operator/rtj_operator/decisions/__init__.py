@@ -83,7 +83,12 @@ from rtj_operator.api.status import ResilientTrainingJobStatus
 from rtj_operator.api.vocabulary import JobState
 from rtj_operator.config import OperatorSettings
 from rtj_operator.decisions import lifecycle, queueing, recovery, status
-from rtj_operator.decisions.hangs import heartbeat_deadlines, mark_unresponsive, observe_ranks
+from rtj_operator.decisions.hangs import (
+    heartbeat_deadlines,
+    mark_unresponsive,
+    observe_ranks,
+    renewed_deadline,
+)
 from rtj_operator.decisions.podfaults import find_faults, lost_pods
 from rtj_operator.decisions.state import Decision, DetectedFault, Inputs, Memory, Pass
 from rtj_operator.decisions.status import OPERATOR_ACTIONS, invalid_spec, with_refusals
@@ -91,7 +96,7 @@ from rtj_operator.observed import Observed, QueueView, RankLiveness
 from rtj_operator.podplan import PodPlan
 
 __all__ = ["OPERATOR_ACTIONS", "Decision", "DetectedFault", "Memory", "decide", "invalid_spec",
-           "with_refusals"]
+           "renewed_deadline", "with_refusals"]
 
 
 def decide(

@@ -64,6 +64,11 @@ class Decision:
     """Per node index, the next moment the pod's heartbeat verdict changes if its heartbeat
     stays where it is (turns Unresponsive, or hung): a read of that pod just after it decides
     (`hangs.heartbeat_deadlines`). Empty when no pod's heartbeat is being timed."""
+    renewable: Mapping[int, float] = field(default_factory=dict)
+    """The pods whose `recheck` deadline is only their heartbeat going stale (Running, timed
+    from that heartbeat), with that heartbeat (Unix time): a read at the deadline that shows a
+    newer, fresh heartbeat and nothing else new changes no verdict, and moves the deadline
+    without a pass (`hangs.renewed_deadline`)."""
 
     def of_type(self, kind: type) -> list[Any]:
         """The actions of one type, in order (handy for tests)."""
@@ -187,6 +192,8 @@ class Pass:
         self.unresponsive: list[RankStatus] = []
         """Ranks that turned `Unresponsive` in this pass (hangs.mark_unresponsive)."""
         self.recheck: dict[int, datetime] = {}
+        self.renewable: dict[int, float] = {}
+        """`Decision.renewable` (hangs.heartbeat_deadlines)."""
         """When each pod's heartbeat verdict next changes (hangs.heartbeat_deadlines)."""
         self.beats_version = 0
         """How many times a rank's heartbeat was set in this pass (`rank`): part of

@@ -407,7 +407,8 @@ def decision(p: Pass, status: ResilientTrainingJobStatus) -> Decision:
     memory = Memory(status=status, progress_step=p.progress_step,
                     progress_since=p.progress_since, unobserved_since=dict(p.unobserved_since))
     return Decision(actions=p.actions, events=p.events, status=status, incidents=p.opened,
-                    memory=memory, unresponsive=p.unresponsive, recheck=p.recheck)
+                    memory=memory, unresponsive=p.unresponsive, recheck=p.recheck,
+                    renewable=p.renewable)
 
 
 MESSAGE_LIMIT = 4096
