@@ -210,10 +210,12 @@ async def observe(
     timeout: float, node_cache: NodeCache | None = None, children: Children | None = None,
     stops: Iterable[StopSeen] = (),
     views: PodViewCache | None = None,
+    spent: list[float] | None = None,
 ) -> Observed:
     """The job's children from the watch caches (`children`), else read now (each API call
     bounded by `timeout` seconds), their nodes' readiness from `node_cache` when one is given,
-    and the stops the pod watch remembered; `views` keeps the job's pod views between passes."""
+    and the stops the pod watch remembered; `views` keeps the job's pod views between passes.
+    `spent` gets the seconds spent viewing them, without the waits for a list."""
     if children is not None:
         pods, services, claims = children
     else:
@@ -224,7 +226,11 @@ async def observe(
     if node_cache is not None:
         nodes = await node_cache.nodes(lambda: _list_nodes(api, timeout))
         disrupted = node_cache.disruption() if nodes is not None else None
-    return observed_from(
+    began = time.monotonic()
+    observed = observed_from(
         job_name=job_name, job_uid=job_uid, pods=pods, services=services, claims=claims,
         nodes=nodes, stops=stops, nodes_disrupted=disrupted, cache=views,
     )
+    if spent is not None:
+        spent.append(time.monotonic() - began)
+    return observed

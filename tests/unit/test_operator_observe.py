@@ -12,6 +12,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
+from rtj_operator import observe as observe_module
 from rtj_operator.kueueobserve import observe_queue
 from rtj_operator.observe import DISRUPTION_GRACE_SECONDS, FORBIDDEN_RETRY_SECONDS, NodeCache
 from rtj_operator.stopmemory import StopMemory
@@ -257,6 +258,33 @@ def test_a_disruption_reaches_the_observed_record() -> None:
                          nodes=nodes, nodes_disrupted="every node (1) is NotReady")
     assert seen.nodes_disrupted == "every node (1) is NotReady"
     assert seen.trainer_pods[1].node_lost  # the pod still shows its node as it is
+
+
+def test_a_passs_viewing_time_leaves_out_its_wait_for_the_node_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What spaces a job's passes (`PassResult.busy_seconds`) is their own work: a pass that
+    waited 0.3 s for the shared node list (as 100 jobs' passes did on a 5,000-node list) must
+    not count that wait, or the job's next pass is held back three times as long."""
+    import time
+
+    def slow_list(_api: object, _timeout: float) -> list[dict[str, Any]]:
+        time.sleep(0.3)
+        return [HEALTHY_NODE_JSON]
+
+    monkeypatch.setattr(observe_module, "_list_nodes", slow_list)
+
+    async def one_pass() -> tuple[list[float], float]:
+        spent: list[float] = []
+        began = time.monotonic()
+        await observe_module.observe(
+            None, namespace="ns", job_name="j", job_uid="u",  # type: ignore[arg-type]
+            timeout=1.0, node_cache=NodeCache(),
+            children=([pod("j-0", "trainer", 0)], [], []), spent=spent)
+        return spent, time.monotonic() - began
+
+    spent, took = asyncio.run(one_pass())
+    assert took >= 0.3 and len(spent) == 1 and spent[0] < 0.1
 
 
 async def _settled(cache: NodeCache) -> None:
