@@ -184,16 +184,28 @@ def test_sweeps_are_spaced_so_that_every_pod_read_fits_the_budget() -> None:
 
 
 def test_renewable_deadlines_are_read_by_the_loop_and_the_rest_by_passes() -> None:
-    recheck = {1: WALL - 1.0, 2: WALL - 1.0, 3: WALL + 4.0, 4: WALL - 1.0, 5: WALL - 3.0}
-    renewable = {1: 0.0, 2: 0.0, 3: 0.0, 5: 0.0}
+    recheck = {1: WALL - 1.0, 2: WALL - 1.0, 3: WALL + 4.0, 4: WALL - 1.0, 5: WALL - 3.0,
+               6: WALL - 3.0}
+    renewable = {1: 0.0, 2: 0.0, 3: 0.0, 5: 0.0, 6: 0.0}
+    read_times = {1: WALL - 11.0, 5: WALL - 2.0}
     due, upcoming = jobloop.quiet_due(recheck, renewable, {2}, wall_now=WALL,
-                                      last_start_wall=WALL - 2.0)
-    # 1 is due; 2's quiet read needed a pass; 3 is not due yet; 4 is not renewable (a pass
-    # reads it); 5's deadline came before the last pass began (that pass read it).
-    assert due == frozenset({1})
+                                      read_times=read_times)
+    # 1 (read before its deadline) and 6 (no read kept) are due; 2's quiet read needed a pass;
+    # 3 is not due yet; 4 is not renewable (a pass reads it); 5 was read after its deadline
+    # (by a sweep: the pass after it decides anew).
+    assert due == frozenset({1, 6})
     assert upcoming == pytest.approx(WALL + 4.0 + DEADLINE_MARGIN_SECONDS)
-    assert jobloop.quiet_due({}, {}, (), wall_now=WALL, last_start_wall=0.0) == (
+    assert jobloop.quiet_due({}, {}, (), wall_now=WALL, read_times={}) == (
         frozenset(), math.inf)
+
+
+def test_the_intervals_pass_reads_the_pods_whose_deadline_passed_since_the_read_began() -> None:
+    """100 x 50 (bench.scale, 2026-12-05): an interval pass that started just after a hung
+    pod's deadline decided on the background read from before it, and counted as handling the
+    deadline: the hang was acted on a whole sweep (12 s) late. It now reads that pod again."""
+    chosen = plan(read_done=True, recheck={3: WALL - 0.5, 4: WALL + 5.0},
+                  last_start_wall=WALL - 2.0)
+    assert (chosen.trigger, chosen.reads) == ("interval", Reads(pods=frozenset({3})))
 
 
 def test_a_quiet_read_moves_a_healthy_pods_deadline_and_hands_a_stale_one_to_a_pass() -> None:
