@@ -66,7 +66,8 @@ duration, when longer): a burst of pod events costs a pass or two a second, not 
 event."""
 PASS_SPACING_FACTOR = 3.0
 """A pass woken by a pod change or a heartbeat deadline starts at least this many times the last
-such pass's duration after that one began: however large the job, those passes take at most a
+such pass's own work (`PassResult.busy_seconds`: viewing, deciding; not its waits) after that
+one began: however large the job, those passes take at most a
 third of the operator's core (a 5,000-pod job's deadlines, spread over its heartbeat timeout,
 had its passes run back to back), and the pods due meanwhile are read in one pass. A small
 job's passes take milliseconds: the spacing is nothing there."""
