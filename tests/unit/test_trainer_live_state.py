@@ -92,6 +92,43 @@ def test_the_update_is_announced_before_any_parameter_changes(
     assert not all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
 
 
+def test_a_restart_met_at_the_update_guard_leaves_the_state_of_the_last_step(
+        one_rank: parallel.DistributedContext) -> None:
+    """The update runs inside the in-process wrapper's atomic section (`update_guard`): a
+    restart that began meanwhile holds it, and its exception lands at the guard, before the
+    update is announced or any parameter changes (the blocked-rank race, 4 of 14 runs)."""
+    import contextlib
+
+    model, optimizer, scheduler, data = _training(one_rank)
+    _step(model, optimizer, scheduler, data, 1)
+    before = _flat(parallel.local_state(model, optimizer, scheduler))
+    announced: list[bool] = []
+    order: list[str] = []
+
+    @contextlib.contextmanager
+    def restarting() -> Iterator[None]:
+        raise RuntimeError("RankShouldRestart")
+        yield  # (unreachable: a generator)
+
+    with pytest.raises(RuntimeError, match="RankShouldRestart"):
+        parallel.train_step(model, optimizer, scheduler, data.batch(2, 0), 1.0,
+                            before_update=lambda: announced.append(True),
+                            update_guard=restarting)
+    assert announced == []
+    assert all(torch.equal(a, b) for a, b in zip(
+        _flat(parallel.local_state(model, optimizer, scheduler)), before, strict=True))
+
+    @contextlib.contextmanager
+    def held() -> Iterator[None]:
+        order.append("enter")
+        yield
+        order.append("exit")
+
+    parallel.train_step(model, optimizer, scheduler, data.batch(2, 0), 1.0,
+                        before_update=lambda: order.append("update"), update_guard=held)
+    assert order == ["enter", "update", "exit"]
+
+
 def _saved_at_step_1(tmp_path: Path, model: Any, optimizer: Any, scheduler: Any,
                      data: TokenBatches) -> tuple[Path, CheckpointConfig, ck.Checkpointer, Any]:
     """One step, committed (sync) by a first attempt's checkpointer: (store, config, that

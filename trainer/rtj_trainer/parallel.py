@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -285,12 +286,21 @@ def train_step(
     *,
     interruptible: bool = False,
     before_update: Callable[[], None] | None = None,
+    update_guard: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> torch.Tensor:
     """One optimizer step on this rank's batch; returns the loss averaged over all ranks.
 
     `before_update` is called right before the optimizer starts changing the parameters: up to
     then the model and optimizer still hold the state after the previous step (what an
     in-process restart may resume from, rtj_trainer.trainer `Trainer.offer_live_state`).
+    `update_guard` (the in-process wrapper's atomic section) holds `before_update` and the
+    update: NVRx's restart takes the same lock when it begins, and only raises its exception
+    into this thread once its progress watchdog has synchronized with it. A rank blocked in a C
+    call past the soft timeout therefore ran on into the next step's update before that
+    exception landed, and its state after the last step was lost (4 of 14 runs of the
+    blocked-rank test on a fast host); now it meets the held lock at the update and the
+    exception lands there, before anything changed. A restart that begins during an update
+    waits for it (the update has no collective, so it ends).
 
     `interruptible` (in-process restart on CUDA): wait for the GPU, with the GIL released, after
     the forward and after the backward pass. A rank whose peer failed is stuck behind a
@@ -312,11 +322,12 @@ def train_step(
         wait_for_device(loss.device)
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    if before_update is not None:
-        before_update()
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+    with update_guard() if update_guard is not None else nullcontext():
+        if before_update is not None:
+            before_update()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
     mean = loss.detach().clone()
     dist.all_reduce(mean, op=dist.ReduceOp.SUM)
     return mean / dist.get_world_size()

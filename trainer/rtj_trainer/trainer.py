@@ -267,7 +267,8 @@ class Trainer:
             batch = self.data.batch(step, self.rank).to(self.ctx.device, non_blocking=True)
             loss = parallel.train_step(self.model, self.optimizer, self.scheduler, batch,
                                        self.cfg.optim.grad_clip, interruptible=self._interruptible,
-                                       before_update=self._updating)
+                                       before_update=self._updating,
+                                       update_guard=self.session.atomic)
             # The blocking copy in `item()` must not hold the GIL (see parallel.train_step).
             parallel.wait_for_device(loss.device)
             self.loss = float(loss.item())
