@@ -297,10 +297,11 @@ def test_a_slow_first_step_is_not_taken_for_a_hang_but_a_slow_later_step_is(
         # Attempt 0 was restarted in its slow first step, before it logged one.
         assert _summary(out)["restarts"] == {"inprocess": 2, "launcher": 0, "pod": 0}
         assert [iteration for iteration, _ in ended] == ["0", "1"], ended
-    # Every step once, but for one open race (see the blocked-rank test below, now `long`): on a
-    # fast host the restart can land after step 12's optimizer update began, the state after
-    # step 11 is not kept, and the next attempt recomputes step 11 from the save of step 10
-    # (4 of 6 runs of that test on 2026-12-04, on the code before and after that day's changes).
+    # Every step once, but for one race (see the blocked-rank test below, now `long`): on a fast
+    # host the restart could land after step 12's optimizer update began, the state after step
+    # 11 was not kept, and the next attempt recomputed step 11 from the save of step 10 (4 of 6
+    # runs of that test on 2026-12-04). The update now runs in the wrapper's atomic section
+    # (2026-12-05), which should close it; the allowance stays until a fast host confirms.
     steps = [e["step"] for e in losses]
     assert sorted(set(steps)) == list(range(1, STEPS + 1)), _resumes(out)
     assert steps == list(range(1, STEPS + 1)) or (
@@ -332,7 +333,15 @@ def test_a_rank_blocked_past_twice_the_soft_timeout_still_resumes_from_the_state
     6 with the trainer before that day's changes) with
     "the training state after step 11 is not kept (no step done, or the optimizer was
     updating)", the attempt resuming from the save of step 10 instead (correct, one step
-    computed twice). Open: why the restart lands after step 12's optimizer update began."""
+    computed twice). The cause, read in NVRx 0.7.0 (inprocess/monitor_thread.py,
+    progress_watchdog.py): the restart takes the wrapper's atomic lock at once, but raises into
+    the main thread only after the progress watchdog synchronized with it, which needs the main
+    thread to run Python again; once the C call returns, the main thread has a head start of
+    up to a watchdog poll (5 ms), enough on a fast host to enter step 12's update. Since
+    2026-12-05 the update runs inside the atomic section (parallel.train_step `update_guard`),
+    so it meets the held lock and the exception lands before the update (unit test
+    test_trainer_live_state). Not reproduced on the slower host where that was written, old
+    code or new (6 of 6 runs each): the fix is checked by the unit test and by reading."""
     out = _run(tmp_path, faults="12:0:stall=11",
                extra_env={"RTJ_INPROCESS_RESTART": "1", "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "60",
                           "RTJ_NPROC_PER_NODE": "1"},
