@@ -118,7 +118,7 @@ def test_a_warm_spare_takes_over_a_lost_pod_and_the_others_keep_their_processes(
     takeover = next(i for i in final["incidents"] if i["action"] == "SpareTakeover")
     # Closed, and not before it was detected. Its seconds may round to 0: one clean-clone run
     # (2026-12-05, 8ab387d) recorded a takeover closed in the pass that made it, 0 s; why the
-    # ranks counted Running at once there is open (docs/benchmarks.md names it).
+    # ranks counted Running at once there is not known yet.
     assert takeover["recoveredTime"] and takeover["seconds"] is not None
     assert takeover["recoveredTime"] >= takeover["detectedTime"] and takeover["seconds"] >= 0
     # After the takeover the survivors' launchers wait 5 s in the exit barrier at the end, their
