@@ -45,7 +45,6 @@ import urllib3
 
 from rtj_operator import (
     actions,
-    decisions,
     kueueapi,
     leader,
     metrics,
@@ -55,6 +54,7 @@ from rtj_operator import (
     views,
 )
 from rtj_operator.config import OperatorSettings
+from rtj_operator.deadlines import DEADLINE_MARGIN_SECONDS, quiet_due, renew_quietly
 from rtj_operator.errors import InvalidJobError
 from rtj_operator.observed import NodeLiveness, PodView
 
@@ -71,9 +71,6 @@ one began: however large the job, those passes take at most a
 third of the operator's core (a 5,000-pod job's deadlines, spread over its heartbeat timeout,
 had its passes run back to back), and the pods due meanwhile are read in one pass. A small
 job's passes take milliseconds: the spacing is nothing there."""
-DEADLINE_MARGIN_SECONDS = 0.05
-"""A pod due at a heartbeat deadline is read this long after it (the verdict needs the
-deadline passed)."""
 INTERVAL_JITTER = 0.1
 """The interval's pass runs after the interval x (1 ± this), so that jobs started together do
 not read their pods all at the same moments."""
@@ -151,28 +148,6 @@ def next_pass(*, now: float, wall_now: float, full_due: float, full_requested: b
                     if at + DEADLINE_MARGIN_SECONDS <= when_wall)
     return NextPass(chosen.at, reconcile.Reads(pods=due) if due else reconcile.READ_NONE,
                     chosen.trigger)
-
-
-def quiet_due(recheck: Mapping[int, float], renewable: Mapping[int, float],
-              eventful: Iterable[int], *, wall_now: float,
-              read_times: Mapping[int, float]) -> tuple[frozenset[int], float]:
-    """The renewable pods (`Decision.renewable`) whose heartbeat deadline has passed and that
-    were not read since (`read_times`: each pod's last read that answered, Unix time), which the
-    loop reads itself (`renew_quietly`), and the next such deadline (Unix time, +inf for none).
-    Pods whose quiet read needed a pass (`eventful`) are left to `next_pass`; a pod read since
-    its deadline (by a sweep) waits for the pass that follows it."""
-    skip = set(eventful)
-    due: set[int] = set()
-    upcoming = math.inf
-    for index, at in recheck.items():
-        if index not in renewable or index in skip:
-            continue
-        moment = at + DEADLINE_MARGIN_SECONDS
-        if moment > wall_now:
-            upcoming = min(upcoming, moment)
-        elif read_times.get(index, -math.inf) < at:
-            due.add(index)
-    return frozenset(due), upcoming
 
 
 @dataclass(frozen=True)
@@ -319,8 +294,9 @@ async def run(*, key: JobKey, body: kopf.Body, memo: kopf.Memo, job: reconcile.J
                 read_times={index: node.read_time for index, node in job.liveness.items()
                             if node.read_time is not None})
             if quiet:
-                await renew_quietly(quiet, key=key, memo=memo, job=job, loop=loop,
-                                    children=children, settings=settings)
+                await renew_quietly(quiet, job_name=key[1], scraper=memo["scraper"], job=job,
+                                    eventful=loop.eventful, children=children,
+                                    settings=settings)
                 continue
             reading = loop.reading is not None and not loop.reading.done()
             plan = next_pass(
@@ -373,46 +349,6 @@ def unreachable_reason(error: BaseException) -> str:
     if isinstance(reason, urllib3.exceptions.NewConnectionError | ConnectionError):
         text = text.rsplit(": ", 1)[-1].rstrip(")\"'")
     return f"{type(reason).__name__}: {text}" if text else type(reason).__name__
-
-
-async def renew_quietly(due: frozenset[int], *, key: JobKey, memo: kopf.Memo,
-                        job: reconcile.JobMemo, loop: JobLoop, children: Children,
-                        settings: OperatorSettings) -> None:
-    """Read the renewable pods whose heartbeat deadline came (`quiet_due`), without a pass:
-    each read is kept (`JobMemo.liveness`), and a pod that answered with a newer, fresh
-    heartbeat and nothing else new gets its next deadline at once (`renewed_deadline`); any
-    other goes to a pass (`JobLoop.eventful`, `next_pass`). A 5,000-pod job's healthy pods
-    come due about 500 a second: one pass over every pod for each batch of them kept its
-    detection seconds behind its deadlines, while one stale heartbeat among them is all a pass
-    is needed for."""
-    pods = reconcile.trainer_views(key[1], children()[0], job.pod_views)
-    targets = [pods[index] for index in sorted(due)
-               if index in pods and scraping.readable(pods[index])]
-    read = {pod.node_index for pod in targets if pod.node_index is not None}
-    loop.eventful.update(due - read)
-    if not targets or job.procs_per_node is None:
-        return
-    scraper: scraping.Scraper = memo["scraper"]
-    answers = await scraper.scrape(targets, base_port=job.metrics_port
-                                   or settings.trainer_metrics_port,
-                                   procs=job.procs_per_node, urgent=True)
-    before = job.liveness
-    job.liveness = reconcile.merged_reads(before, answers, read, pods)
-    timeout = job.heartbeat_timeout_seconds
-    for index in sorted(read):
-        basis = job.renewable.get(index)
-        if basis is None or index not in job.recheck:
-            continue  # a pass meanwhile decided anew
-        deadline = decisions.renewed_deadline(before.get(index), answers.get(index), basis=basis,
-                                              timeout_seconds=timeout,
-                                              builtin_trainer=job.builtin_trainer)
-        if deadline is None:
-            loop.eventful.add(index)
-            metrics.DEADLINE_READS.labels(outcome="pass").inc()
-        else:
-            job.recheck[index] = deadline
-            job.renewable[index] = deadline - timeout
-            metrics.DEADLINE_READS.labels(outcome="renewed").inc()
 
 
 def _take_read(task: asyncio.Task[EveryPodRead], job: reconcile.JobMemo, key: JobKey,

@@ -250,8 +250,8 @@ def test_a_quiet_read_moves_a_healthy_pods_deadline_and_hands_a_stale_one_to_a_p
     loop = jobloop.JobLoop()
     scraper = Pods()
     asyncio.run(jobloop.renew_quietly(
-        frozenset({0, 1, 2}), key=("ns", "j"), memo=kopf.Memo(scraper=scraper), job=job,
-        loop=loop, children=lambda: ([pod(0), pod(1), pod(2)], [], []),
+        frozenset({0, 1, 2}), job_name="j", scraper=scraper, job=job,  # type: ignore[arg-type]
+        eventful=loop.eventful, children=lambda: ([pod(0), pod(1), pod(2)], [], []),
         settings=OperatorSettings()))
     assert sorted(scraper.asked) == [0, 1, 2]
     assert job.recheck[0] == pytest.approx(now - 1.0 + 20.0) and job.renewable[0] == now - 1.0
