@@ -25,10 +25,13 @@ test: install testbin ## lint (ruff, mypy --strict, import contracts) + unit, in
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -m "not long" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not long and not gpu" $(PYTEST_ARGS)
 
 test-long: install testbin ## the long failure drills (partition, hung node, never-starting pod, ...): ~15-30 min
 	$(PY) -m pytest -m long $(PYTEST_ARGS)
+
+test-gpu: ## the gpu tier (needs CUDA and Triton: a device machine, not CI)
+	$(PY) -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
 
 test-unit: install ## unit tier only (no cluster)
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)

@@ -200,19 +200,29 @@ def test_rotary_embeddings_are_computed_in_the_projections_layout_with_the_same_
         tmp_path: Path) -> None:
     """HF's rotary embedding ran on (batch, heads, seq, dim) views of the projections, in
     PyTorch's generic strided kernels (about 30 ms of the HF model's 243 ms step on an H200):
-    the patched function computes on the projections' own layout, bit for bit the same."""
+    the patched function computes on the projections' own layout, half by half, with the same
+    values and gradients as HF's (float64: to rounding; bfloat16: within one rounding)."""
     import transformers.models.llama.modeling_llama as llama
     from rtj_trainer import hfmodel
 
     hfmodel.build(write_config(tmp_path), device="meta", seed=None)
     patched = llama.apply_rotary_pos_emb
     original = patched.rtj_original
-    torch.manual_seed(0)
-    q = torch.randn(2, 16, 4, 8).transpose(1, 2)  # as LlamaAttention makes them
-    k = torch.randn(2, 16, 4, 8).transpose(1, 2)
-    cos, sin = torch.randn(2, 16, 8), torch.randn(2, 16, 8)
-    for got, expected in zip(patched(q, k, cos, sin), original(q, k, cos, sin), strict=True):
-        assert got.shape == expected.shape and torch.equal(got, expected)
-    assert got.transpose(1, 2).is_contiguous()  # computed in the projections' layout
-    hfmodel.build(write_config(tmp_path), device="meta", seed=None)
+    for dtype, tolerance in ((torch.float64, 1e-12), (torch.bfloat16, 2e-2)):
+        torch.manual_seed(0)
+        # as LlamaAttention makes them; cos and sin with unequal halves (not only rope's own)
+        q = torch.randn(2, 16, 4, 8, dtype=dtype).transpose(1, 2).requires_grad_()
+        k = torch.randn(2, 16, 4, 8, dtype=dtype).transpose(1, 2).requires_grad_()
+        cos, sin = torch.randn(2, 16, 8, dtype=dtype), torch.randn(2, 16, 8, dtype=dtype)
+        weights = torch.randn(2, 4, 16, 8, dtype=dtype)
+        results = []
+        for function in (patched, original):
+            outputs = function(q, k, cos, sin)
+            grads = torch.autograd.grad(sum((o * weights).sum() for o in outputs), (q, k))
+            results.append((outputs, grads))
+        (got, got_grads), (expected, expected_grads) = results
+        for a, b in zip((*got, *got_grads), (*expected, *expected_grads), strict=True):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance)
+        assert got[0].transpose(1, 2).is_contiguous()  # computed in the projections' layout
     assert llama.apply_rotary_pos_emb is patched  # patched once

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import rope
+
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
@@ -76,21 +78,17 @@ ROPE_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 def _rope_in_place_layout(original: Any) -> Any:
     def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
                              sin: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if args or kwargs.get("unsqueeze_dim", 1) != 1 or q.dim() != 4:
+        if (args or kwargs.get("unsqueeze_dim", 1) != 1 or q.dim() != 4 or q.shape[-1] % 2
+                or cos.requires_grad or sin.requires_grad
+                or not cos.dtype == sin.dtype == q.dtype == k.dtype):
             return original(q, k, cos, sin, *args, **kwargs)
         # q, k: (batch, heads, seq, dim) views of (batch, seq, heads, dim) projections. HF's
         # element-wise ops on those strided views ran in PyTorch's generic (non-vectorised)
         # kernels: 30 ms of a 1B model's 243 ms step on an H200. The same arithmetic on the
-        # projections' own layout, the result viewed back.
+        # projections' own layout (rtj_trainer.rope: one Triton kernel on CUDA), viewed back.
         c, s = cos.unsqueeze(2), sin.unsqueeze(2)
-
-        def rotate(x: torch.Tensor) -> torch.Tensor:
-            xt = x.transpose(1, 2)
-            half = xt.shape[-1] // 2
-            turned = torch.cat((-xt[..., half:], xt[..., :half]), dim=-1)
-            return (xt * c + turned * s).transpose(1, 2)
-
-        return rotate(q), rotate(k)
+        return (rope.rotary(q.transpose(1, 2), c, s).transpose(1, 2),
+                rope.rotary(k.transpose(1, 2), c, s).transpose(1, 2))
 
     apply_rotary_pos_emb.rtj_original = original  # type: ignore[attr-defined]
     return apply_rotary_pos_emb
@@ -98,7 +96,8 @@ def _rope_in_place_layout(original: Any) -> Any:
 
 def contiguous_rope(model: nn.Module) -> bool:
     """Llama-family models: their modeling module's `apply_rotary_pos_emb` computes in the
-    projections' layout (same numbers, vectorised kernels); once per module. Returns whether
+    projections' layout (`rope.rotary`: fewer passes, each output rounded once instead of
+    three times); once per module. Returns whether
     the model's module has it now."""
     import sys
 

@@ -1,0 +1,125 @@
+"""Rotary position embeddings of the Llama family, computed in fewer passes than HF's.
+
+HF's `apply_rotary_pos_emb` computes `q * cos + rotate_half(q) * sin` (and the same for k) on
+(batch, heads, seq, dim) views of the projections: a negation, a `torch.cat`, two multiplies and
+an add, each its own pass over q or k forward and again backward, all in PyTorch's generic
+strided element-wise kernels (cos and sin broadcast over the heads). On an H200 that was about
+30 ms of the 1B Llama's 243 ms step (docs/benchmarks.md). `rotary` computes the same values:
+
+- on CUDA with Triton (the image's torch ships it): one kernel reads x, cos and sin once and
+  writes the output once, forward and backward, in fp32 inside, rounded once;
+- elsewhere (CPU, or no Triton): a multiply and an `addcmul_` a half, into one output.
+
+cos and sin are constants to it (rotary tables have no parameters): a caller whose cos or sin
+needs a gradient keeps HF's function (`hfmodel.contiguous_rope` checks).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`x * cos + rotate_half(x) * sin` for `x` of shape (batch, seq, heads, dim) and `cos`,
+    `sin` of shape (batch, seq, 1, dim), differentiable in `x` only."""
+    return _Rotary.apply(x, cos, sin)  # type: ignore[no-any-return]
+
+
+class _Rotary(torch.autograd.Function):
+    # out1 = x1 c1 - x2 s1, out2 = x2 c2 + x1 s2  =>  dx1 = g1 c1 + g2 s2, dx2 = g2 c2 - g1 s1
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(cos, sin)
+        return _apply(x, cos, sin, backward=False)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        cos, sin = ctx.saved_tensors
+        return _apply(grad, cos, sin, backward=True), None, None
+
+
+def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, backward: bool
+           ) -> torch.Tensor:
+    out = torch.empty_like(x)
+    kernel = _triton_kernel() if x.is_cuda else None
+    if kernel is not None and x.stride(-1) == 1 and out.stride(-1) == 1 and cos.stride(-1) == 1:
+        _launch(kernel, x, cos, sin, out, backward)
+        return out
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c1, c2, s1, s2 = cos[..., :half], cos[..., half:], sin[..., :half], sin[..., half:]
+    if backward:
+        torch.mul(x1, c1, out=out[..., :half]).addcmul_(x2, s2)
+        torch.mul(x2, c2, out=out[..., half:]).addcmul_(x1, s1, value=-1.0)
+    else:
+        torch.mul(x1, c1, out=out[..., :half]).addcmul_(x2, s1, value=-1.0)
+        torch.mul(x2, c2, out=out[..., half:]).addcmul_(x1, s2)
+    return out
+
+
+def _launch(kernel: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            out: torch.Tensor, backward: bool) -> None:
+    import triton
+
+    batch, seq, heads, dim = x.shape
+    cos = cos.expand(batch, seq, 1, dim)
+    sin = sin.expand(batch, seq, 1, dim)
+    kernel[(batch * seq,)](
+        x, cos, sin, out, seq, heads,
+        x.stride(0), x.stride(1), x.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+        HALF=dim // 2, HEADS_P2=triton.next_power_of_2(heads),
+        HALF_P2=triton.next_power_of_2(dim // 2), BACKWARD=backward)
+
+
+@functools.cache
+def _triton_kernel() -> Any:
+    """The Triton kernel, or None where Triton cannot be imported or RTJ_ROPE_TRITON=0 (it is
+    compiled at its first launch for each set of constants, then cached by Triton on disk)."""
+    if os.environ.get("RTJ_ROPE_TRITON", "1") == "0":
+        return None
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def rotary_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, seq, heads,  # type: ignore[no-untyped-def]
+                      xb, xs, xh, ob, os_, oh, cb, cs, sb, ss,
+                      HALF: tl.constexpr, HEADS_P2: tl.constexpr, HALF_P2: tl.constexpr,
+                      BACKWARD: tl.constexpr):
+        row = tl.program_id(0)
+        b = row // seq
+        s = row % seq
+        h = tl.arange(0, HEADS_P2)[:, None]
+        j = tl.arange(0, HALF_P2)[None, :]
+        mask = (h < heads) & (j < HALF)
+        cmask = j < HALF
+        xp = x_ptr + b * xb + s * xs + h * xh + j
+        x1 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(xp + HALF, mask=mask, other=0.0).to(tl.float32)
+        cp = cos_ptr + b * cb + s * cs + j
+        sp = sin_ptr + b * sb + s * ss + j
+        c1 = tl.load(cp, mask=cmask, other=0.0).to(tl.float32)
+        c2 = tl.load(cp + HALF, mask=cmask, other=0.0).to(tl.float32)
+        s1 = tl.load(sp, mask=cmask, other=0.0).to(tl.float32)
+        s2 = tl.load(sp + HALF, mask=cmask, other=0.0).to(tl.float32)
+        if BACKWARD:
+            o1 = x1 * c1 + x2 * s2
+            o2 = x2 * c2 - x1 * s1
+        else:
+            o1 = x1 * c1 - x2 * s1
+            o2 = x2 * c2 + x1 * s2
+        op = out_ptr + b * ob + s * os_ + h * oh + j
+        tl.store(op, o1.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(op + HALF, o2.to(out_ptr.dtype.element_ty), mask=mask)
+
+    return rotary_kernel
