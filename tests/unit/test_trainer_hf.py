@@ -23,6 +23,7 @@ from rtj_trainer.data import TokenBatches
 from rtj_trainer.export import main as export_main
 from rtj_trainer.statekeys import HF_CONFIG
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     LlamaConfig,
     MistralConfig,
@@ -194,6 +195,38 @@ def test_every_decoder_norm_of_a_built_model_is_fused(tmp_path: Path) -> None:
     norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
     assert len(norms) == 2 * SHAPE["num_hidden_layers"] + 1
     assert all("forward" in vars(m) for m in norms)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_swiglu_mlps_run_fused_with_hf_values_and_gradients(tmp_path: Path, family: str) -> None:
+    """Every decoder MLP of a Llama-family model computes `silu(gate) * up` through
+    `kernels.swiglu` (SiLU recomputed in backward): outputs and gradients of every weight as
+    HF's own MLP gives them; an MLP with another activation is left as it is."""
+    from rtj_trainer import hfmodel
+
+    config = AutoConfig.from_pretrained(write_config(tmp_path, family))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).double()
+    mlps = [m for m in model.modules() if type(m).__name__.endswith("MLP")]
+    assert len(mlps) == SHAPE["num_hidden_layers"]
+    x = torch.randn(2, 5, SHAPE["hidden_size"], dtype=torch.float64)
+    weights = torch.randn(2, 5, SHAPE["hidden_size"], dtype=torch.float64)
+    expected = []
+    for mlp in mlps:
+        out = mlp(x)
+        grads = torch.autograd.grad((out * weights).sum(), list(mlp.parameters()))
+        expected.append((out, grads))
+    assert hfmodel.fuse_mlps(model) == len(mlps)
+    for mlp, (expected_out, expected_grads) in zip(mlps, expected, strict=True):
+        assert "forward" in vars(mlp)
+        out = mlp(x)
+        grads = torch.autograd.grad((out * weights).sum(), list(mlp.parameters()))
+        torch.testing.assert_close(out, expected_out)
+        for got, want in zip(grads, expected_grads, strict=True):
+            torch.testing.assert_close(got, want)
+    gelu = AutoModelForCausalLM.from_config(
+        AutoConfig.from_pretrained(write_config(tmp_path / "gelu", family, hidden_act="gelu")))
+    assert hfmodel.fuse_mlps(gelu) == 0
 
 
 def test_rotary_embeddings_are_computed_in_the_projections_layout_with_the_same_numbers(

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import rope
+from . import kernels
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ def build(path: str | Path, *, device: torch.device | str, seed: int | None) -> 
             config, dtype=torch.float32)
     model.config.use_cache = False
     fuse_norms(model)
+    fuse_mlps(model)
     contiguous_rope(model)
     return model  # type: ignore[no-any-return]
 
@@ -85,10 +86,10 @@ def _rope_in_place_layout(original: Any) -> Any:
         # q, k: (batch, heads, seq, dim) views of (batch, seq, heads, dim) projections. HF's
         # element-wise ops on those strided views ran in PyTorch's generic (non-vectorised)
         # kernels: 30 ms of a 1B model's 243 ms step on an H200. The same arithmetic on the
-        # projections' own layout (rtj_trainer.rope: one Triton kernel on CUDA), viewed back.
+        # projections' own layout (rtj_trainer.kernels: one Triton kernel on CUDA), viewed back.
         c, s = cos.unsqueeze(2), sin.unsqueeze(2)
-        return (rope.rotary(q.transpose(1, 2), c, s).transpose(1, 2),
-                rope.rotary(k.transpose(1, 2), c, s).transpose(1, 2))
+        return (kernels.rotary(q.transpose(1, 2), c, s).transpose(1, 2),
+                kernels.rotary(k.transpose(1, 2), c, s).transpose(1, 2))
 
     apply_rotary_pos_emb.rtj_original = original  # type: ignore[attr-defined]
     return apply_rotary_pos_emb
@@ -96,7 +97,7 @@ def _rope_in_place_layout(original: Any) -> Any:
 
 def contiguous_rope(model: nn.Module) -> bool:
     """Llama-family models: their modeling module's `apply_rotary_pos_emb` computes in the
-    projections' layout (`rope.rotary`: fewer passes, each output rounded once instead of
+    projections' layout (`kernels.rotary`: fewer passes, each output rounded once instead of
     three times); once per module. Returns whether
     the model's module has it now."""
     import sys
@@ -151,6 +152,43 @@ def fuse_norms(model: nn.Module) -> int:
     for module in model.modules():
         if _is_llama_norm(module):
             module.forward = types.MethodType(_fused_rms_norm, module)  # type: ignore[method-assign]
+            fused += 1
+    return fused
+
+
+_LLAMA_MLP_SOURCE: list[str] = []
+
+
+def _is_llama_swiglu_mlp(module: nn.Module) -> bool:
+    """The module's forward is LlamaMLP's, character for character (Mistral's and Qwen2/3's
+    are), and its activation is SiLU."""
+    if not _LLAMA_MLP_SOURCE:
+        from transformers.models.llama.modeling_llama import LlamaMLP
+
+        _LLAMA_MLP_SOURCE.append(inspect.getsource(LlamaMLP.forward))
+    forward = getattr(type(module), "forward", None)
+    config = getattr(module, "config", None)
+    if forward is None or getattr(config, "hidden_act", None) not in ("silu", "swish"):
+        return False
+    try:
+        return inspect.getsource(forward) == _LLAMA_MLP_SOURCE[0]
+    except (OSError, TypeError):
+        return False
+
+
+def _fused_mlp(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    gate = self.gate_proj(x)  # type: ignore[operator]
+    up = self.up_proj(x)  # type: ignore[operator]
+    return self.down_proj(kernels.swiglu(gate, up))  # type: ignore[operator, no-any-return]
+
+
+def fuse_mlps(model: nn.Module) -> int:
+    """Run every Llama-style SwiGLU MLP's `silu(gate) * up` as `kernels.swiglu` (one kernel
+    each way on CUDA; the SiLU recomputed in backward, not kept); returns how many."""
+    fused = 0
+    for module in model.modules():
+        if _is_llama_swiglu_mlp(module):
+            module.forward = types.MethodType(_fused_mlp, module)  # type: ignore[method-assign]
             fused += 1
     return fused
 
