@@ -203,11 +203,15 @@ def test_a_hugging_face_models_modules_are_imported_by_the_warm_workers(tmp_path
     """`--set model.hf_path=DIR`: a warm worker also imports transformers and DIR's modeling
     module (2-5 s of imports that a restart otherwise pays); nothing for the GPT or an
     unreadable directory."""
+    import importlib.util
+
     from rtj_trainer.warm.wire import model_preloads
 
     (tmp_path / "config.json").write_text('{"model_type": "qwen2"}')
     expected = ["transformers", "transformers.modeling_utils", "rtj_trainer.hfmodel",
                 "transformers.models.qwen2.modeling_qwen2"]
+    if importlib.util.find_spec("triton") is not None:  # the kernels' compiler, where it is
+        expected += ["triton", "triton.language"]
     command = ["--nnodes=1", "--no-python", "python", "-m", "rtj_trainer", "--preset", "1b"]
     assert model_preloads([*command, "--set", f"model.hf_path={tmp_path}"]) == expected
     assert model_preloads([*command, f"--set=model.hf_path={tmp_path}"]) == expected

@@ -22,6 +22,7 @@ runs the normal path), and at its end `{"exit": code}`.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -182,6 +183,8 @@ def model_preloads(launcher_args: Sequence[str]) -> list[str]:
     modules = ["transformers", "transformers.modeling_utils", "rtj_trainer.hfmodel"]
     if isinstance(kind, str) and kind.isidentifier():
         modules.append(f"transformers.models.{kind}.modeling_{kind}")
+    if importlib.util.find_spec("triton") is not None:  # rtj_trainer.kernels on CUDA
+        modules += ["triton", "triton.language"]
     return modules
 
 
