@@ -160,12 +160,10 @@ class _SwiGLU(torch.autograd.Function):
             grad_gate, grad_up = torch.empty_like(gate), torch.empty_like(up)
             _launch_swiglu(kernel[1], (grad, gate, up, grad_gate, grad_up))
             return grad_gate, grad_up
-        with torch.no_grad():
-            sigmoid = torch.sigmoid(gate.float())
-            silu = gate.float() * sigmoid
-            grad_up = (grad.float() * silu).to(up.dtype)
-            grad_gate = (grad.float() * up.float() * sigmoid * (1 + gate.float() * (1 - sigmoid)))
-        return grad_gate.to(gate.dtype), grad_up
+        with torch.no_grad():  # autograd's own SiLU backward, the SiLU recomputed
+            grad_up = grad * torch.nn.functional.silu(gate)
+            grad_gate = torch.ops.aten.silu_backward(grad * up, gate)
+        return grad_gate, grad_up
 
 
 def _flat(*tensors: torch.Tensor) -> bool:
