@@ -21,6 +21,9 @@ set -u
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export RTJ_NPROC_PER_NODE=1 RTJ_WARM_WORKERS=1
+# the node-local copies (GBs of RAM in /dev/shm) and run folders go with the call: two calls that
+# followed a goodput run on the same machine (2026-12-05) came back with nothing
+trap 'rm -rf /dev/shm/rtj-local /tmp/gp /tmp/rb /tmp/st' EXIT
 HF=$PWD/bench/models/llama-1b
 SHAPE=(--set model.num_layers=16 --set model.d_model=2048 --set model.num_heads=16
        --set model.vocab_size=32000 --set model.seq_len=2048)
