@@ -53,11 +53,11 @@ class _Rotary(torch.autograd.Function):
         return _apply_rotary(grad, cos, sin, backward=True), None, None
 
 
-def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, backward: bool
-           ) -> torch.Tensor:
+def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+                  backward: bool) -> torch.Tensor:
     out = torch.empty_like(x)
     kernel = _rotary_kernel() if x.is_cuda else None
-    if kernel is not None and x.stride(-1) == 1 and out.stride(-1) == 1 and cos.stride(-1) == 1:
+    if kernel is not None and all(t.stride(-1) == 1 for t in (x, out, cos, sin)):
         _launch_rotary(kernel, x, cos, sin, out, backward)
         return out
     half = x.shape[-1] // 2
@@ -79,13 +79,14 @@ def _launch_rotary(kernel: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
     batch, seq, heads, dim = x.shape
     cos = cos.expand(batch, seq, 1, dim)
     sin = sin.expand(batch, seq, 1, dim)
-    kernel[(batch * seq,)](
-        x, cos, sin, out, seq, heads,
-        x.stride(0), x.stride(1), x.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
-        HALF=dim // 2, HEADS_P2=triton.next_power_of_2(heads),
-        HALF_P2=triton.next_power_of_2(dim // 2), BACKWARD=backward)
+    with torch.cuda.device(x.device):  # Triton launches on the current device
+        kernel[(batch * seq,)](
+            x, cos, sin, out, seq, heads,
+            x.stride(0), x.stride(1), x.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+            HALF=dim // 2, HEADS_P2=triton.next_power_of_2(heads),
+            HALF_P2=triton.next_power_of_2(dim // 2), BACKWARD=backward)
 
 
 @functools.cache
@@ -180,7 +181,8 @@ def _launch_swiglu(kernel: Any, tensors: tuple[torch.Tensor, ...]) -> None:
     import triton
 
     count = tensors[0].numel()
-    kernel[(triton.cdiv(count, SWIGLU_BLOCK),)](*tensors, count, BLOCK=SWIGLU_BLOCK)
+    with torch.cuda.device(tensors[0].device):
+        kernel[(triton.cdiv(count, SWIGLU_BLOCK),)](*tensors, count, BLOCK=SWIGLU_BLOCK)
 
 
 @functools.cache
