@@ -259,7 +259,10 @@ class Incident(ApiModel):
     detected_time: Timestamp = Field(description="When the operator saw the fault.")
     acted_time: Timestamp | None = Field(default=None, description="When recovery began.")
     recovered_time: Timestamp | None = Field(
-        default=None, description="When training made progress again."
+        default=None, description=(
+            "When every pod ran again after the operator's recovery (a warm spare already "
+            "running can close it in the pass that detected the loss: 0 s); the trainers' "
+            "resume after that shows in `step`.")
     )
     seconds: Annotated[float, Field(strict=False)] | None = Field(
         default=None, description="Seconds from detection to recovery.", ge=0

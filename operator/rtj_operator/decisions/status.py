@@ -63,7 +63,8 @@ def is_open(incident: Incident) -> bool:
 
 
 def recover_incidents(p: Pass) -> None:
-    """Close the incidents that are still open: training makes progress again."""
+    """Close the incidents that are still open: every pod runs again (the trainers' resume after
+    that is not waited for; a warm spare's takeover can close in the pass that acted: 0 s)."""
     for n, incident in enumerate(p.incidents):
         if is_open(incident):
             seconds = max(0.0, (p.now - incident.detected_time).total_seconds())
