@@ -12,6 +12,9 @@ Qwen, Mistral, Gemma and their relatives):
 - `fuse_norms`: the Llama-style RMSNorms (Llama, Mistral, Qwen2/3: the same forward) run as
   `torch.nn.functional.rms_norm`, one kernel on CUDA instead of seven element-wise ones in fp32
   (the HF model's step was 40 % slower than the GPT's of the same size on an H200, mostly there);
+- `fuse_mlps` and `contiguous_rope`: the SwiGLU gate and the rotary embedding of the same
+  families through `rtj_trainer.kernels` (Triton kernels on CUDA; +3.2 % against the GPT's step
+  on an H100 with them, +21.7 % before them, on an H200);
 - `decoder_layers`: the FSDP units (rtj_trainer.parallel shards each, then the root);
 - `restore_buffers`: non-persistent buffers (rotary embeddings' `inv_freq`) are in no state dict,
   so a model built on the meta device gets them computed again, from a fresh instance of the
@@ -98,8 +101,7 @@ def _rope_in_place_layout(original: Any) -> Any:
 def contiguous_rope(model: nn.Module) -> bool:
     """Llama-family models: their modeling module's `apply_rotary_pos_emb` computes in the
     projections' layout (`kernels.rotary`: fewer passes, each output rounded once instead of
-    three times); once per module. Returns whether
-    the model's module has it now."""
+    three times); once per module. Returns whether the model's module has it now."""
     import sys
 
     config = getattr(model, "config", None)
