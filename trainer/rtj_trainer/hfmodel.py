@@ -25,10 +25,12 @@ Qwen, Mistral, Gemma and their relatives):
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,27 +118,41 @@ def contiguous_rope(model: nn.Module) -> bool:
     return True
 
 
-_LLAMA_NORM_SOURCE: list[str] = []
+@functools.cache
+def _llama_forward_source(name: str) -> str:
+    """The source of `transformers`' Llama module `name`'s forward (the reference the fused
+    forwards below stand in for)."""
+    from transformers.models.llama import modeling_llama
+
+    return inspect.getsource(getattr(modeling_llama, name).forward)
 
 
-def _llama_norm_forward_source() -> str:
-    if not _LLAMA_NORM_SOURCE:
-        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+def _has_forward_of(module: nn.Module, name: str) -> bool:
+    """The module's forward is Llama's `name`'s, character for character."""
+    forward = getattr(type(module), "forward", None)
+    if forward is None:
+        return False
+    try:
+        return inspect.getsource(forward) == _llama_forward_source(name)
+    except (OSError, TypeError):
+        return False
 
-        _LLAMA_NORM_SOURCE.append(inspect.getsource(LlamaRMSNorm.forward))
-    return _LLAMA_NORM_SOURCE[0]
+
+def _replace_forwards(model: nn.Module, wanted: Callable[[nn.Module], bool],
+                      forward: Callable[..., torch.Tensor]) -> int:
+    """`forward` bound as the forward of every module of `model` that is `wanted`; how many."""
+    replaced = 0
+    for module in model.modules():
+        if wanted(module):
+            module.forward = types.MethodType(forward, module)  # type: ignore[method-assign]
+            replaced += 1
+    return replaced
 
 
 def _is_llama_norm(module: nn.Module) -> bool:
     """The module's forward is LlamaRMSNorm's, character for character (Gemma's `1 + weight`
     norm, for one, is not)."""
-    forward = getattr(type(module), "forward", None)
-    if forward is None or not hasattr(module, "variance_epsilon"):
-        return False
-    try:
-        return inspect.getsource(forward) == _llama_norm_forward_source()
-    except (OSError, TypeError):
-        return False
+    return hasattr(module, "variance_epsilon") and _has_forward_of(module, "LlamaRMSNorm")
 
 
 def _fused_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -150,32 +166,15 @@ def _fused_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tenso
 def fuse_norms(model: nn.Module) -> int:
     """Run every Llama-style RMSNorm of `model` as `F.rms_norm` (computed in fp32 inside, like
     HF's, rounded once instead of twice); returns how many."""
-    fused = 0
-    for module in model.modules():
-        if _is_llama_norm(module):
-            module.forward = types.MethodType(_fused_rms_norm, module)  # type: ignore[method-assign]
-            fused += 1
-    return fused
-
-
-_LLAMA_MLP_SOURCE: list[str] = []
+    return _replace_forwards(model, _is_llama_norm, _fused_rms_norm)
 
 
 def _is_llama_swiglu_mlp(module: nn.Module) -> bool:
     """The module's forward is LlamaMLP's, character for character (Mistral's and Qwen2/3's
     are), and its activation is SiLU."""
-    if not _LLAMA_MLP_SOURCE:
-        from transformers.models.llama.modeling_llama import LlamaMLP
-
-        _LLAMA_MLP_SOURCE.append(inspect.getsource(LlamaMLP.forward))
-    forward = getattr(type(module), "forward", None)
     config = getattr(module, "config", None)
-    if forward is None or getattr(config, "hidden_act", None) not in ("silu", "swish"):
-        return False
-    try:
-        return inspect.getsource(forward) == _LLAMA_MLP_SOURCE[0]
-    except (OSError, TypeError):
-        return False
+    return (getattr(config, "hidden_act", None) in ("silu", "swish")
+            and _has_forward_of(module, "LlamaMLP"))
 
 
 def _fused_mlp(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -187,12 +186,7 @@ def _fused_mlp(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def fuse_mlps(model: nn.Module) -> int:
     """Run every Llama-style SwiGLU MLP's `silu(gate) * up` as `kernels.swiglu` (one kernel
     each way on CUDA; the SiLU recomputed in backward, not kept); returns how many."""
-    fused = 0
-    for module in model.modules():
-        if _is_llama_swiglu_mlp(module):
-            module.forward = types.MethodType(_fused_mlp, module)  # type: ignore[method-assign]
-            fused += 1
-    return fused
+    return _replace_forwards(model, _is_llama_swiglu_mlp, _fused_mlp)
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -90,16 +90,25 @@ def _launch_rotary(kernel: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.T
 
 
 @functools.cache
+def _triton_usable() -> bool:
+    """Triton imports and RTJ_TRITON is not 0."""
+    if os.environ.get("RTJ_TRITON", "1") == "0":
+        return False
+    try:
+        import triton.language  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.cache
 def _rotary_kernel() -> Any:
     """The Triton kernel, or None where Triton cannot be imported or RTJ_TRITON=0 (it is
     compiled at its first launch for each set of constants, then cached by Triton on disk)."""
-    if os.environ.get("RTJ_TRITON", "1") == "0":
+    if not _triton_usable():
         return None
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
-        return None
+    import triton
+    import triton.language as tl
 
     @triton.jit  # type: ignore[untyped-decorator]
     def rotary_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, seq, heads,  # type: ignore[no-untyped-def]
@@ -188,13 +197,10 @@ def _launch_swiglu(kernel: Any, tensors: tuple[torch.Tensor, ...]) -> None:
 @functools.cache
 def _swiglu_kernels() -> Any:
     """(forward, backward) Triton kernels, or None as `_rotary_kernel`."""
-    if os.environ.get("RTJ_TRITON", "1") == "0":
+    if not _triton_usable():
         return None
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError:
-        return None
+    import triton
+    import triton.language as tl
 
     @triton.jit  # type: ignore[untyped-decorator]
     def swiglu_forward(gate_ptr, up_ptr, out_ptr, count,  # type: ignore[no-untyped-def]
