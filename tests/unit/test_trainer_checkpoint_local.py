@@ -150,10 +150,11 @@ def test_a_snapshot_is_a_local_copy_only_and_a_resume_starts_from_it(
                            local_dir=str(tmp_path / "shm"), local_interval_steps=5)
     checkpointer = ck.Checkpointer(cfg, root=store, rank=0, world_size=1,
                                    device=torch.device("cpu"), identity="a9")
-    assert checkpointer._local is not None
+    assert checkpointer._local is not None and checkpointer._snapshots is not None
     checkpointer.save(10, {"w": torch.full((3,), 1.0), "step": 10})
     assert checkpointer.snapshot_ready()
     checkpointer.snapshot(15, {"w": torch.full((3,), 1.5), "step": 15})
+    checkpointer._snapshots.wait(30)
     assert [c.step for c in local.local_copies(checkpointer._local)] == [15, 10]
     assert not any("000000015" in p.name for p in store.iterdir())  # nothing on the store
     assert checkpointer.stats.committed_step == 10
@@ -166,12 +167,90 @@ def test_a_snapshot_is_a_local_copy_only_and_a_resume_starts_from_it(
     again.close()
 
 
-def test_a_snapshot_waits_for_no_write_it_is_skipped_while_one_is_in_flight(
+def test_a_snapshot_through_the_device_copy_never_waits_for_a_save_and_is_of_its_step(
         tmp_path: Path, one_rank_group: object) -> None:
+    """Issue #32: a save keeps the writer process busy for seconds, and a snapshot that waited
+    for it was skipped (a SIGKILL then recomputed back to the save). The device copy is taken
+    while the save's write is in flight, and holds the state of its step even though the
+    training state changes in place right after `snapshot` returned."""
     store = tmp_path / "store"
     cfg = CheckpointConfig(dir=str(store), interval_steps=10, mode="async",
                            local_dir=str(tmp_path / "shm"), local_interval_steps=5,
                            test_write_delay_seconds=1.0)
+    checkpointer = ck.Checkpointer(cfg, root=store, rank=0, world_size=1,
+                                   device=torch.device("cpu"), identity="a9")
+    assert checkpointer._local is not None and checkpointer._snapshots is not None
+    weights = torch.full((1000,), 1.0)
+    try:
+        checkpointer.save(10, {"w": weights, "step": 10})
+        assert not checkpointer._writes_done()  # the save's write is still in flight
+        assert checkpointer.snapshot_ready()
+        weights.fill_(1.5)
+        checkpointer.snapshot(15, {"w": weights, "step": 15})
+        assert not checkpointer._writes_done()
+        weights.fill_(9.0)  # the next steps' updates
+        checkpointer._snapshots.wait(30)
+        assert checkpointer._snapshots.written == 1 and checkpointer._snapshots.failed == 0
+        copy = next(c for c in local.local_copies(checkpointer._local) if c.step == 15)
+        state = ck.read_shard(copy.path)
+        assert state["step"] == 15 and torch.equal(state["w"], torch.full((1000,), 1.5))
+        checkpointer.wait_until_committed(30)
+        assert [c.step for c in local.local_copies(checkpointer._local)] == [15, 10]
+    finally:
+        checkpointer.close()
+
+
+def test_a_snapshot_cut_short_leaves_no_copy_and_the_older_ones_stand(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in-process restart closes the checkpointer while a snapshot is being written: the
+    thread stops between chunks, and no copy of that step (nor a temporary) is left."""
+    from rtj_trainer.checkpoint import snapshots
+
+    folder = tmp_path / "shm"
+    _write(folder, 10)
+    monkeypatch.setattr(snapshots, "WRITE_CHUNK_BYTES", 1)  # a million chunks: seconds
+    taker = snapshots.SnapshotTaker(folder, device=torch.device("cpu"), rank=0)
+    stall = taker.take(20, "a0-l0-i0-1", {"w": torch.zeros(1 << 18), "step": 20})
+    assert stall is not None and not taker.ready()
+    taker.close()
+    assert taker.ready() and taker.written == 0 and taker.failed == 0
+    assert [c.step for c in local.local_copies(folder)] == [10]
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]
+
+
+def test_a_published_copy_reuses_the_oldest_copys_file_and_keep_false_publishes_nothing(
+        tmp_path: Path) -> None:
+    _write(tmp_path, 10)
+    _write(tmp_path, 20)
+    skeleton, layout, blob = stage({"w": torch.full((3,), 3.0), "step": 30})
+    header = ck.format.encode_header(skeleton, layout, blob.numel())
+    data = memoryview(blob.numpy()).cast("B")
+
+    def fill(view: memoryview) -> None:
+        view[:] = data
+
+    assert local.publish_local_copy(tmp_path, 40, "a0-l0-i0-1", header, len(data), fill,
+                                    keep=lambda: False) is None
+    # the file of 10 was reused, then dropped
+    assert [c.step for c in local.local_copies(tmp_path)] == [20]
+    _write(tmp_path, 25)
+    oldest = local.local_copies(tmp_path)[-1].path
+    inode = oldest.stat().st_ino
+    published = local.publish_local_copy(tmp_path, 30, "a0-l0-i0-1", header, len(data), fill)
+    assert published is not None and published.stat().st_ino == inode  # no new file
+    assert [c.step for c in local.local_copies(tmp_path)] == [30, 25]
+    assert torch.equal(ck.read_shard(published)["w"], torch.full((3,), 3.0))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_snapshot_through_the_writer_is_skipped_while_a_write_is_in_flight(
+        tmp_path: Path, one_rank_group: object) -> None:
+    """`checkpoint.snapshot_device_copy` off (or no room in device memory): snapshots are
+    staged like saves and wait for no write; one is skipped while the writer is busy."""
+    store = tmp_path / "store"
+    cfg = CheckpointConfig(dir=str(store), interval_steps=10, mode="async",
+                           local_dir=str(tmp_path / "shm"), local_interval_steps=5,
+                           test_write_delay_seconds=1.0, snapshot_device_copy=False)
     checkpointer = ck.Checkpointer(cfg, root=store, rank=0, world_size=1,
                                    device=torch.device("cpu"), identity="a9")
     assert checkpointer._local is not None

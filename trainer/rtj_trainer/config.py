@@ -185,7 +185,16 @@ class CheckpointConfig(_Section):
     write to `dir`, no commit), so that a worker killed on its node resumes from at most N steps
     back instead of `interval_steps` (when every rank holds the same snapshot, and it is newer
     than the newest commit; a replaced pod holds none, and everyone resumes from the store). A
-    snapshot is skipped when this rank's writer is still busy. Needs `local_dir`. 0: off."""
+    snapshot is skipped while the one before it is still being written. Needs `local_dir`.
+    0: off."""
+    snapshot_device_copy: bool = True
+    """Take each snapshot as one copy into a second buffer in device memory (on the training
+    stream: milliseconds for GBs on a GPU); a thread of the trainer then copies it to
+    `local_dir` on a side stream while training goes on (rtj_trainer.checkpoint.snapshots), so
+    a snapshot never waits for the writer process, which each save keeps busy for seconds.
+    Needs free device memory of the rank's shard plus 2 GiB (checked after the first step).
+    Without that room, or False: snapshots are staged like saves and written by the writer
+    process, and skipped while it is busy."""
     resume_from_jobs: tuple[str, ...] = ()
     """Other jobs (`<namespace>/<name>`) whose committed checkpoints in `dir` this job may
     resume (env RTJ_CHECKPOINT_RESUME_FROM_JOBS, comma-separated, from

@@ -28,9 +28,13 @@ Why this shape:
   which local copies it holds; the newest one they all hold (if not older than the newest commit)
   is loaded from RAM, without reading or hashing the shared store.
 - **Node-local snapshots between saves** (`checkpoint.local_interval_steps`, off by default):
-  `snapshot` stages the state and writes only the node-local copy (writer.write_snapshot), and
-  only when the writer is idle (`snapshot_ready`: a snapshot never waits); a resume takes it
-  like any local copy, so a killed worker recomputes at most that interval.
+  `snapshot` copies the state into a second buffer in device memory and a thread writes it to
+  the node-local folder while training goes on (rtj_trainer.checkpoint.snapshots), never
+  waiting for the writer process; with no room for that buffer (or
+  `checkpoint.snapshot_device_copy` off) it stages the state like a save and the writer
+  process writes only the node-local copy (writer.write_snapshot), when idle. Either way a
+  snapshot never waits (`snapshot_ready`), and a resume takes it like any local copy, so a
+  killed worker recomputes at most about that interval.
 - **A synchronous mode for comparison** writes in the training process, then barriers and commits.
 """
 
@@ -74,6 +78,7 @@ from .local import (
 )
 from .lock import DirectoryLock
 from .pruning import BackgroundDeleter
+from .snapshots import SnapshotTaker
 from .staging import (
     HostStaging,
     Staged,
@@ -151,6 +156,10 @@ class Checkpointer(CommitTracking, Resumable):
         if cfg.local_dir:
             self._local = local_copy_dir(Path(cfg.local_dir), root, rank, world_size)
             remove_partial_copies(self._local)  # no writer of this rank runs yet
+        self._snapshots: SnapshotTaker | None = None
+        """Snapshots through a device-memory copy and a thread (None: through the writer)."""
+        if self._local is not None and cfg.local_interval_steps and cfg.snapshot_device_copy:
+            self._snapshots = SnapshotTaker(self._local, device=device, rank=rank)
         root.mkdir(parents=True, exist_ok=True)
         self._committer: CommitWorker | None = None
         """Rank 0's commit thread (started at the first save to commit)."""
@@ -210,7 +219,10 @@ class Checkpointer(CommitTracking, Resumable):
         tensors: list[torch.Tensor] = []
         # A state that is not plain data fails here, once, not in every writer (format docstring).
         encode_skeleton(flatten_state(state, tensors))
-        self._staging.ensure(plan_layout(tensors)[1], self.device)
+        total = plan_layout(tensors)[1]
+        self._staging.ensure(total, self.device)
+        if self._snapshots is not None:
+            self._snapshots.prepare(total)
 
     def save(self, step: int, state: dict[str, Any], *, local_copy: bool = True,
              fail: str | None = None, deadline: float | None = None) -> float:
@@ -274,6 +286,8 @@ class Checkpointer(CommitTracking, Resumable):
         and this rank's writer idle (sync mode: always)."""
         if self._local is None:
             return False
+        if self._snapshots is not None and self._snapshots.usable is not False:
+            return self._snapshots.ready()
         if self.cfg.mode == "sync":
             return True
         self._async_queue()
@@ -283,8 +297,13 @@ class Checkpointer(CommitTracking, Resumable):
         """Stage `state` and write it as this rank's node-local copy of `step` alone, nothing
         on the shared store (`checkpoint.local_interval_steps`; only when `snapshot_ready`);
         returns the seconds the step loop was blocked (the staging copy, in sync mode the
-        write too). The staged state also serves an in-process restart (`_load_staged`)."""
+        write too). The staged state also serves an in-process restart (`_load_staged`); a
+        snapshot through the device copy (`SnapshotTaker`) blocks only for that copy."""
         assert self._local is not None
+        if self._snapshots is not None and self._snapshots.usable is not False:
+            stall = self._snapshots.take(step, self.identity, state)
+            if stall is not None:
+                return stall
         began = time.perf_counter()
         skeleton, layout, blob = stage_to_host(state, self.device, self._staging)
         self._staging.staged = Staged(step, self.identity, self.rank, self.world_size, skeleton,
@@ -387,6 +406,8 @@ class Checkpointer(CommitTracking, Resumable):
     def discard_local_copies(self) -> None:
         """The job finished: free this rank's node-local copies."""
         if self._local is not None:
+            if self._snapshots is not None:
+                self._snapshots.close()  # none may appear after the others are gone
             discard_local_copies(self._local)
 
     def release_lock(self) -> None:
@@ -402,6 +423,8 @@ class Checkpointer(CommitTracking, Resumable):
         the staging buffer. Every step may run again: an in-process restart can interrupt it
         (NVRx's monitor thread raises into the main thread again and again once its soft
         timeout passed), and `close_interrupted` finishes it once nothing interrupts any more."""
+        if self._snapshots is not None:
+            self._snapshots.close()  # a snapshot cut short leaves no copy
         if self._committer is not None:
             self._committer.stop()
             self._committer = None

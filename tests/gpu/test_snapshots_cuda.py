@@ -1,0 +1,58 @@
+"""Node-local snapshots through a copy in device memory (rtj_trainer.checkpoint.snapshots) on a
+GPU: the snapshot holds the state of its step although the training stream changes the state in
+place right after `take` returned, while the thread still copies to the host on its side stream.
+
+`make test-gpu` on a machine with CUDA; the CPU path is in
+tests/unit/test_trainer_checkpoint_local.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+
+def test_a_snapshot_is_of_its_step_while_the_next_steps_change_the_state(tmp_path: Path) -> None:
+    from rtj_trainer import checkpoint as ck
+    from rtj_trainer.checkpoint import local, snapshots
+
+    assert torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.manual_seed(0)
+    # about 1.2 GB: the thread's host copy takes far longer than the updates queued after it
+    params = [torch.randn(64 << 20, device=device) for _ in range(4)]
+    moments = [torch.zeros(8 << 20, device=device, dtype=torch.bfloat16) for _ in range(4)]
+    expected = [p.cpu() for p in params] + [m.cpu() for m in moments]
+    state = {"params": params, "moments": moments, "step": 7}
+    taker = snapshots.SnapshotTaker(tmp_path, device=device, rank=0)
+    stall = taker.take(7, "a0-l0-i0-1", state)
+    assert stall is not None and taker.usable
+    for _ in range(20):  # "the next steps": in-place updates on the training stream
+        for p in params:
+            p.mul_(1.5).add_(1.0)
+        for m in moments:
+            m.add_(2.0)
+    taker.wait(120)
+    assert taker.written == 1 and taker.failed == 0
+    copies = local.local_copies(tmp_path)
+    assert [c.step for c in copies] == [7]
+    loaded = ck.read_shard(copies[0].path)
+    assert loaded["step"] == 7
+    for got, want in zip(loaded["params"] + loaded["moments"], expected, strict=True):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    taker.close()
+
+
+def test_without_room_in_device_memory_no_buffer_is_taken(tmp_path: Path) -> None:
+    from rtj_trainer.checkpoint import snapshots
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    free, _ = torch.cuda.mem_get_info(device)
+    taker = snapshots.SnapshotTaker(tmp_path, device=device, rank=0)
+    assert not taker.prepare(free)  # the buffer itself fits, its headroom does not
+    assert taker.usable is False
+    assert taker.take(1, "a0", {"w": torch.zeros(1, device=device)}) is None

@@ -1,0 +1,187 @@
+"""Node-local snapshots between saves that do not stop training (`checkpoint.local_interval_steps`
+with `checkpoint.snapshot_device_copy`, the default).
+
+Why this shape:
+
+- **A snapshot never waits for the writer process.** A save keeps that process busy for seconds
+  (a 1B model's shard: 8-11 s to the shared store), and a snapshot that went through it was
+  skipped meanwhile: on an H200 a SIGKILL still recomputed 40 and 70 steps with snapshots every
+  10 (docs/benchmarks.md). Snapshots have their own thread in the trainer process instead.
+- **The step loop pays one device-to-device copy.** `take` copies the rank's state into a
+  second flat buffer in device memory, on the training stream, so the copy is of exactly this
+  step whatever the next steps do to the parameters (an 11.3 GB shard: milliseconds at HBM
+  speed), and records an event.
+- **The host copy overlaps compute.** The thread waits for that event on a side stream and
+  copies the buffer, in chunks, straight into the memory map of the copy's file in
+  `checkpoint.local_dir` (rtj_trainer.checkpoint.local.publish_local_copy), then renames it into
+  place. Nothing is page-locked: pinning GBs costs seconds in every new process, on the
+  restart's critical path. The file of the rank's older copy is reused, so its pages are not
+  faulted in again.
+- **One snapshot at a time.** `ready` is False while the thread still copies (the step loop
+  skips that snapshot, as before).
+- **Device memory is checked, not assumed**: `prepare` allocates the buffer only when the
+  device has that much free plus `HEADROOM_BYTES` (after the first step, so activations are
+  counted); otherwise `usable` is False and the Checkpointer stages snapshots like saves.
+- **Cut short, a snapshot is simply not there.** `close` asks the thread to stop between chunks
+  and waits for it (an in-process restart must not find a copy appearing while the ranks agree
+  on one to resume from); a killed process leaves a temporary that the next Checkpointer
+  removes.
+
+On CPU the same code runs with the "device" buffer in host memory and no event: the tests
+exercise every part but the side stream (the `gpu` tier covers it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .format import WRITE_CHUNK_BYTES, encode_header
+from .local import publish_local_copy
+from .staging import flatten_state, plan_layout, tensor_views
+
+log = logging.getLogger(__name__)
+
+HEADROOM_BYTES = 2 << 30
+"""Device memory left free after the snapshot buffer is allocated."""
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class SnapshotTaker:
+    """One rank's snapshots through a device-memory copy and a thread (module docstring)."""
+
+    def __init__(self, folder: Path, *, device: torch.device, rank: int) -> None:
+        self.folder = folder
+        self.device = device
+        self.rank = rank
+        self._buffer: torch.Tensor | None = None
+        self.usable: bool | None = None
+        """None until `prepare`; False when the device had no room for the buffer."""
+        self._thread: threading.Thread | None = None
+        self._cancel = threading.Event()
+        self._stream: Any = None
+        self.written = 0
+        self.failed = 0
+        self.last_write_seconds = 0.0
+        """Event to rename of the newest snapshot the thread finished."""
+
+    def prepare(self, nbytes: int) -> bool:
+        """Allocate the device buffer for a state of `nbytes` (plan_layout) if there is room."""
+        if self._buffer is not None and self._buffer.numel() == nbytes:
+            return True
+        self._buffer = None
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            if free < nbytes + HEADROOM_BYTES:
+                self._refuse(f"{free / 2**30:.1f} GiB free on {self.device}, "
+                             f"{(nbytes + HEADROOM_BYTES) / 2**30:.1f} GiB needed")
+                return False
+            try:
+                self._buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            except torch.OutOfMemoryError as exc:
+                self._refuse(str(exc).splitlines()[0])
+                return False
+            self._stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        else:
+            self._buffer = torch.empty(nbytes, dtype=torch.uint8)
+        self.usable = True
+        return True
+
+    def _refuse(self, why: str) -> None:
+        self.usable = False
+        log.warning("node-local snapshots are staged like saves (no room for a copy in device "
+                    "memory: %s)", why, extra={"rank": self.rank})
+
+    def ready(self) -> bool:
+        """Whether a snapshot can start now: no earlier one is still being copied."""
+        return self._thread is None or not self._thread.is_alive()
+
+    def take(self, step: int, identity: str, state: dict[str, Any]) -> float | None:
+        """Copy `state` into the device buffer and start the thread that writes it as this
+        rank's local copy of `step`; returns the seconds the caller was blocked, or None when
+        the device has no room for the buffer (nothing taken: `usable` is False)."""
+        began = time.perf_counter()
+        if self.usable is False:
+            return None
+        if not self.ready():
+            raise RuntimeError("a snapshot is still being written")
+        tensors: list[torch.Tensor] = []
+        skeleton = flatten_state(state, tensors)
+        layout, total = plan_layout(tensors)
+        if not self.prepare(total):
+            return None
+        assert self._buffer is not None
+        for view, tensor in zip(tensor_views(self._buffer, layout), tensors, strict=True):
+            view.copy_(tensor, non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record()  # the training stream: the copies above, nothing after them
+        header = encode_header(skeleton, layout, total)
+        self._cancel.clear()
+        self._thread = threading.Thread(
+            target=self._write, args=(step, identity, header, self._buffer, event),
+            name=f"rtj-snapshot-{step}", daemon=True)
+        self._thread.start()
+        return time.perf_counter() - began
+
+    def _write(self, step: int, identity: str, header: bytes, source: torch.Tensor,
+               event: Any) -> None:
+        began = time.perf_counter()
+        total = source.numel()
+
+        def fill(view: memoryview) -> None:
+            target = torch.frombuffer(view, dtype=torch.uint8, count=total)
+            try:
+                for start in range(0, total, WRITE_CHUNK_BYTES):
+                    if self._cancel.is_set():
+                        raise _Cancelled
+                    end = min(total, start + WRITE_CHUNK_BYTES)
+                    target[start:end].copy_(source[start:end])
+            finally:
+                del target
+
+        try:
+            if event is not None:
+                with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+                    self._stream.wait_event(event)
+                    written = publish_local_copy(self.folder, step, identity, header, total,
+                                                 fill, keep=lambda: not self._cancel.is_set())
+            else:
+                written = publish_local_copy(self.folder, step, identity, header, total, fill,
+                                             keep=lambda: not self._cancel.is_set())
+        except _Cancelled:
+            return
+        except Exception as exc:  # the previous copies stand, and the next snapshot comes
+            self.failed += 1
+            log.warning("node-local snapshot of step %d failed: %s", step, exc,
+                        extra={"rank": self.rank})
+            return
+        if written is not None:
+            self.written += 1
+            self.last_write_seconds = time.perf_counter() - began
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until the snapshot being written (if any) is in place or given up."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop a snapshot still being written (it leaves no copy) and wait for the thread."""
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            self._cancel.set()
+            thread.join(timeout)
+            if thread.is_alive():
+                log.warning("a node-local snapshot's thread did not stop in %.0f s", timeout,
+                            extra={"rank": self.rank})
+        self._thread = None
+        self._buffer = None
