@@ -7,7 +7,9 @@ compares:
 2. NVRx async checkpoints every `--interval` steps (stall = the step loop blocked);
 3. synchronous checkpoints at the same interval;
 4. a resume of run 2 (a new process loads the newest committed checkpoint and trains on);
-5. optionally async checkpoints at a second, shorter interval (`--second-interval`).
+5. optionally async checkpoints at a second, shorter interval (`--second-interval`);
+6. optionally node-local snapshots every `--snapshot-every` steps and no saves (`snapshots`: its
+   step time against run 1's is what the snapshots cost).
 
 Training efficiency of a run = step seconds / (step seconds + checkpoint stall) inside the step
 loop. Per save it reports the stall (and, from `commits.jsonl`, how much of it was waiting for the
@@ -63,6 +65,9 @@ def run_trainer(
         step_seconds = float(summary["attempt_loop_seconds"]) - sum(stalls)
     stall_total = float(summary.get("attempt_checkpoint_stall_seconds_total", 0.0))
     result["step_seconds"] = round(step_seconds, 3)
+    if summary.get("attempt_steps"):  # the whole loop a step: its stalls and slowdowns too
+        result["loop_ms_per_step"] = round(
+            1000 * float(summary["attempt_loop_seconds"]) / int(summary["attempt_steps"]), 2)
     result["training_efficiency"] = round(step_seconds / max(1e-9, step_seconds + stall_total), 4)
     result["log_tail"] = lines[-6:]
     result.update(step_time(proc.stdout + proc.stderr))
@@ -193,6 +198,10 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
                         help="a trainer override for every run (repeatable), e.g. "
                              "model.hf_path=bench/models/llama-1b")
+    parser.add_argument("--snapshot-every", type=int, default=0,
+                        help="also the run `snapshots`: no saves, node-local snapshots every N "
+                             "steps (its step time against no_checkpoint's is their cost)")
+    parser.add_argument("--snapshot-dir", default="/dev/shm/rtj-snap")
     parser.add_argument("--allocation-gb", type=float, default=0.0,
                         help="also time allocating + page-locking a staging buffer of this size")
     args = parser.parse_args()
@@ -227,6 +236,12 @@ def main() -> int:
         ("resume_async", "async", [f"train.steps={args.steps + args.resume_extra_steps}",
                                    *every, "checkpoint.mode=async"], False),
     ]
+    if args.snapshot_every:  # the step-time cost of node-local snapshots (issue #32)
+        plans.append(("snapshots", "snap", [
+            f"train.steps={args.baseline_steps or args.steps}",
+            f"checkpoint.interval_steps={10 * (args.baseline_steps or args.steps)}",
+            "checkpoint.save_final=false", f"checkpoint.local_dir={args.snapshot_dir}",
+            f"checkpoint.local_interval_steps={args.snapshot_every}"], False))
     if args.second_interval:
         plans.append((f"async_every_{args.second_interval}", "async2",
                       [f"train.steps={args.second_steps}",
@@ -247,6 +262,7 @@ def main() -> int:
         print(json.dumps(r), flush=True)
         if not keep:  # keep the disk free: only the async run is resumed
             shutil.rmtree(ckpt, ignore_errors=True)
+            shutil.rmtree(args.snapshot_dir, ignore_errors=True)
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=1))
     print(json.dumps(results), flush=True)

@@ -13,7 +13,13 @@
 #   model, then the GPT's SIGKILL for a side-by-side figure from the same machine (GPT=0: skip).
 # goodput: bench.goodput's faulted-inprocess variant as in docs/benchmarks.md's one-H200 rows
 #   (batch 4, a checkpoint every 100 steps, keep 2), with model.hf_path (MODEL=gpt: the GPT).
-# SNAPSHOTS=N (recovery, goodput): node-local snapshots every N steps between saves
+# snapcost: bench/trainer_gpu.py, the HF model at batch 4 (the goodput runs' batch), STEPS
+#   (default 200) steps with no checkpoint, then the same with node-local snapshots every
+#   SNAPSHOTS (default 10) steps and no saves: the loop's time a step in both is their cost.
+# ratio: bench.goodput's faulted-inprocess and baseline variants in one invocation, the HF model,
+#   RATIO_STEPS (default 1000) steps, four faults (exception, SIGKILL, exception, SIGKILL; no
+#   hang: with one rank the baseline never recovers from one), a checkpoint every 100 steps.
+# SNAPSHOTS=N (recovery, goodput, ratio): node-local snapshots every N steps between saves
 #   (checkpoint.local_interval_steps; the summary's attempt_snapshots has their count and stall).
 # Writes JSON and log excerpts under $OUT.
 set -u
@@ -60,6 +66,24 @@ if [[ ,${PART:-steps,recovery}, == *,recovery,* ]]; then
       --set checkpoint.keep=2 --run-timeout 150 --work-dir /tmp/rb --out "$OUT/recovery-$model.json" || rc=1
     excerpt /tmp/rb "$OUT/recovery-$model-log.txt"
   done
+fi
+if [[ ,${PART:-}, == *,snapcost,* ]]; then
+  rm -rf /tmp/st /dev/shm/rtj-snap
+  python3 bench/trainer_gpu.py --preset 1b --runs no_checkpoint,snapshots --steps "${STEPS:-200}" \
+    --snapshot-every "${SNAPSHOTS:-10}" --staging-gib 0 --timeout 240 "${HFSET[@]}" \
+    --set data.batch_size=4 --root /tmp/st --out "$OUT/snapcost.json" > /dev/null || rc=1
+  python3 -c "import json,sys
+for r in json.load(open(sys.argv[1]))['runs']:
+    print('[hf.sh] snapcost', r['run'], 'rc', r['rc'], 'loop ms/step', r.get('loop_ms_per_step'), 'median step ms', r.get('step_ms_median'), (r.get('summary') or {}).get('attempt_snapshots'), r.get('stderr_tail', '')[-1500:])" "$OUT/snapcost.json"
+fi
+if [[ ,${PART:-}, == *,ratio,* ]]; then
+  rm -rf /tmp/gp /dev/shm/rtj-local
+  timeout "${GOODPUT_TIMEOUT:-560}" python3 -m bench.goodput --variants faulted-inprocess,baseline \
+    --steps "${RATIO_STEPS:-1000}" --faults 250:0:exception,450:0:sigkill,650:0:exception,850:0:sigkill \
+    --checkpoint-interval 100 --heartbeat-timeout 10 "${SHAPE[@]}" --set data.batch_size=4 \
+    "${HFSET[@]}" "${SNAP[@]}" --set checkpoint.local_dir=/dev/shm/rtj-local \
+    --set checkpoint.keep=2 --run-timeout 330 --work-dir /tmp/gp --out "$OUT/ratio.json" || rc=1
+  excerpt /tmp/gp "$OUT/ratio-log.txt"
 fi
 if [[ ,${PART:-}, == *,goodput,* ]]; then
   rm -rf /tmp/gp /dev/shm/rtj-local
