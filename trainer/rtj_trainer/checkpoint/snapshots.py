@@ -12,9 +12,13 @@ Why this shape:
   step whatever the next steps do to the parameters (an 11.3 GB shard: milliseconds at HBM
   speed), and records an event.
 - **The host copy overlaps compute.** The thread waits for that event on a side stream and
-  copies the buffer, in chunks, straight into the memory map of the copy's file in
-  `checkpoint.local_dir` (rtj_trainer.checkpoint.local.publish_local_copy), then renames it into
-  place. Nothing is page-locked: pinning GBs costs seconds in every new process, on the
+  copies the buffer in chunks through two small page-locked buffers (`BOUNCE_BYTES` each:
+  the device-to-host copy of one chunk runs while the other is copied on into the file) into
+  the memory map of the copy's file in `checkpoint.local_dir`
+  (rtj_trainer.checkpoint.local.publish_local_copy), then renames it into place. Copying
+  straight into the (pageable) map stalled training instead: on an H100 the steps during a
+  snapshot's copy took 4.6 s more in all, every snapshot (docs/benchmarks.md). Only the two
+  bounce buffers are page-locked: pinning GBs costs seconds in every new process, on the
   restart's critical path. The file of the rank's older copy is reused, so its pages are not
   faulted in again.
 - **One snapshot at a time.** `ready` is False while the thread still copies (the step loop
@@ -49,6 +53,8 @@ log = logging.getLogger(__name__)
 
 HEADROOM_BYTES = 2 << 30
 """Device memory left free after the snapshot buffer is allocated."""
+BOUNCE_BYTES = 64 << 20
+"""Each of the two page-locked buffers a snapshot's host copy goes through (CUDA)."""
 
 
 class _Cancelled(Exception):
@@ -68,6 +74,7 @@ class SnapshotTaker:
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
         self._stream: Any = None
+        self._bounce: list[torch.Tensor] = []
         self.written = 0
         self.failed = 0
         self.last_write_seconds = 0.0
@@ -90,6 +97,9 @@ class SnapshotTaker:
                 self._refuse(str(exc).splitlines()[0])
                 return False
             self._stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+            if not self._bounce:
+                self._bounce = [torch.empty(BOUNCE_BYTES, dtype=torch.uint8, pin_memory=True)
+                                for _ in range(2)]
         else:
             self._buffer = torch.empty(nbytes, dtype=torch.uint8)
         self.usable = True
@@ -141,11 +151,14 @@ class SnapshotTaker:
         def fill(view: memoryview) -> None:
             target = torch.frombuffer(view, dtype=torch.uint8, count=total)
             try:
-                for start in range(0, total, WRITE_CHUNK_BYTES):
-                    if self._cancel.is_set():
-                        raise _Cancelled
-                    end = min(total, start + WRITE_CHUNK_BYTES)
-                    target[start:end].copy_(source[start:end])
+                if event is None:
+                    for start in range(0, total, WRITE_CHUNK_BYTES):
+                        if self._cancel.is_set():
+                            raise _Cancelled
+                        end = min(total, start + WRITE_CHUNK_BYTES)
+                        target[start:end].copy_(source[start:end])
+                else:
+                    self._copy_through_bounce(source, target)
             finally:
                 del target
 
@@ -168,6 +181,30 @@ class SnapshotTaker:
         if written is not None:
             self.written += 1
             self.last_write_seconds = time.perf_counter() - began
+
+    def _copy_through_bounce(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """Device buffer -> the two page-locked buffers (on the side stream, asynchronously)
+        -> `target` (the file's map), one chunk copied on while the next one comes."""
+        inflight: list[tuple[torch.Tensor, int, int, Any]] = []
+
+        def land() -> None:
+            bounce, start, end, done = inflight.pop(0)
+            done.synchronize()
+            target[start:end].copy_(bounce[: end - start])
+
+        for index, start in enumerate(range(0, source.numel(), BOUNCE_BYTES)):
+            if self._cancel.is_set():
+                raise _Cancelled
+            if len(inflight) == len(self._bounce):
+                land()
+            end = min(source.numel(), start + BOUNCE_BYTES)
+            bounce = self._bounce[index % len(self._bounce)]
+            bounce[: end - start].copy_(source[start:end], non_blocking=True)
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record(self._stream)
+            inflight.append((bounce, start, end, done))
+        while inflight:
+            land()
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait until the snapshot being written (if any) is in place or given up."""
