@@ -15,7 +15,8 @@
 #   (batch 4, a checkpoint every 100 steps, keep 2), with model.hf_path (MODEL=gpt: the GPT).
 # snapcost: bench/trainer_gpu.py, the HF model at batch 4 (the goodput runs' batch), STEPS
 #   (default 200) steps with no checkpoint, then the same with node-local snapshots every
-#   SNAPSHOTS (default 10) steps and no saves: the loop's time a step in both is their cost.
+#   SNAPSHOTS (default 10) steps and no saves: the mean step time of both, plus the snapshots'
+#   stall (attempt_snapshots), is their cost.
 # ratio: bench.goodput's faulted-inprocess and baseline variants in one invocation, the HF model,
 #   RATIO_STEPS (default 1000) steps, four faults (exception, SIGKILL, exception, SIGKILL; no
 #   hang: with one rank the baseline never recovers from one), a checkpoint every 100 steps.
@@ -74,7 +75,7 @@ if [[ ,${PART:-}, == *,snapcost,* ]]; then
     --set data.batch_size=4 --root /tmp/st --out "$OUT/snapcost.json" > /dev/null || rc=1
   python3 -c "import json,sys
 for r in json.load(open(sys.argv[1]))['runs']:
-    print('[hf.sh] snapcost', r['run'], 'rc', r['rc'], 'loop ms/step', r.get('loop_ms_per_step'), 'median step ms', r.get('step_ms_median'), (r.get('summary') or {}).get('attempt_snapshots'), r.get('stderr_tail', '')[-1500:])" "$OUT/snapcost.json"
+    print('[hf.sh] snapcost', r['run'], 'rc', r['rc'], 'mean step ms', r.get('step_ms_mean'), 'loop ms/step', r.get('loop_ms_per_step'), 'median step ms', r.get('step_ms_median'), (r.get('summary') or {}).get('attempt_snapshots'), r.get('stderr_tail', '')[-1500:])" "$OUT/snapcost.json"
 fi
 if [[ ,${PART:-}, == *,ratio,* ]]; then
   rm -rf /tmp/gp /dev/shm/rtj-local
