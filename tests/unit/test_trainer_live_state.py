@@ -68,6 +68,30 @@ def test_the_views_read_the_training_state_in_place_without_a_process_group(
     assert not all(torch.equal(a, b) for a, b in zip(now, before, strict=True))
 
 
+def test_a_snapshot_read_through_the_views_is_a_state_dicts_layout_and_values(
+        one_rank: parallel.DistributedContext) -> None:
+    """Snapshots read the state in place (`Trainer.snapshot_state`) instead of a fresh state
+    dict: the same skeleton, tensors and values as `local_state` gives, steps later."""
+    from rtj_trainer.checkpoint.reshard import SHARDING
+    from rtj_trainer.checkpoint.staging import flatten_state
+
+    model, optimizer, scheduler, data = _training(one_rank)
+    _step(model, optimizer, scheduler, data, 1)
+    first = parallel.local_state(model, optimizer, scheduler)
+    views = parallel.live_views(model, optimizer, first)
+    assert views is not None
+    for step in (2, 3):
+        _step(model, optimizer, scheduler, data, step)
+    snapshot = parallel.live_state(views, optimizer, scheduler)
+    snapshot[SHARDING] = first[SHARDING]
+    fresh = parallel.local_state(model, optimizer, scheduler)
+    read: list[torch.Tensor] = []
+    wanted: list[torch.Tensor] = []
+    assert flatten_state(snapshot, read) == flatten_state(fresh, wanted)
+    assert len(read) == len(wanted) > 0
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(read, wanted, strict=True))
+
+
 def test_a_state_holding_a_copy_has_no_views(one_rank: parallel.DistributedContext) -> None:
     model, optimizer, scheduler, data = _training(one_rank)
     _step(model, optimizer, scheduler, data, 1)
