@@ -24,7 +24,7 @@ import hashlib
 import mmap
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,30 +75,45 @@ def remove_partial_copies(directory: Path) -> None:
 def write_local_copy(directory: Path, step: int, identity: str, header: bytes,
                      data: memoryview, *, threads: int = WRITE_THREADS) -> Path:
     """Write `header` + `data` as this rank's local copy of `step`, then drop older copies."""
-    directory.mkdir(parents=True, exist_ok=True)
-    final = directory / local_copy_name(step, identity)
-    tmp = directory / f".{final.name}.tmp-{os.getpid()}"
+    final, tmp = _names(directory, step, identity)
     pieces = [(memoryview(header), 0)] + [
         (data[start : start + WRITE_CHUNK_BYTES], len(header) + start)
         for start in range(0, len(data), WRITE_CHUNK_BYTES)
     ]
+    with (_temporary(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) as fd,
+          ThreadPoolExecutor(max_workers=max(1, min(threads, len(pieces)))) as pool):
+        list(pool.map(lambda piece: _put(fd, *piece), pieces))
+    return _publish(directory, tmp, final)
 
-    def put(item: tuple[memoryview, int]) -> None:
-        view, offset = item
-        done = 0
-        while done < len(view):
-            done += os.pwrite(fd, view[done:], offset + done)
 
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+def _names(directory: Path, step: int, identity: str) -> tuple[Path, Path]:
+    """The final name of this rank's copy of `step`, and the temporary it is written under."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / local_copy_name(step, identity)
+    return final, directory / f".{final.name}.tmp-{os.getpid()}"
+
+
+@contextlib.contextmanager
+def _temporary(tmp: Path, flags: int) -> Iterator[int]:
+    """An open descriptor of `tmp`; the file is removed when the body fails."""
+    fd = os.open(tmp, flags | os.O_CLOEXEC, 0o600)
     try:
-        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(pieces)))) as pool:
-            list(pool.map(put, pieces))
+        yield fd
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
     os.close(fd)
+
+
+def _put(fd: int, view: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
+
+
+def _publish(directory: Path, tmp: Path, final: Path) -> Path:
     os.replace(tmp, final)
     _drop_old_copies(directory)
     return final
@@ -135,18 +150,12 @@ def publish_local_copy(directory: Path, step: int, identity: str, header: bytes,
     map itself (a snapshot's device-to-host copy lands there directly,
     rtj_trainer.checkpoint.snapshots). `keep()` is asked before the rename: False leaves no copy
     (None). The oldest copy's file is reused when it has the size (`_recycled`)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    final = directory / local_copy_name(step, identity)
-    tmp = directory / f".{final.name}.tmp-{os.getpid()}"
+    final, tmp = _names(directory, step, identity)
     size = len(header) + nbytes
     recycled = _recycled(directory, tmp, size)
-    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (0 if recycled else os.O_TRUNC)
-    fd = os.open(tmp, flags, 0o600)
-    try:
+    with _temporary(tmp, os.O_RDWR | os.O_CREAT | (0 if recycled else os.O_TRUNC)) as fd:
         os.ftruncate(fd, size)
-        done = 0
-        while done < len(header):
-            done += os.pwrite(fd, memoryview(header)[done:], done)
+        _put(fd, memoryview(header), 0)
         with mmap.mmap(fd, size) as mapped:
             view = memoryview(mapped)[len(header):]
             try:
@@ -154,19 +163,11 @@ def publish_local_copy(directory: Path, step: int, identity: str, header: bytes,
             finally:
                 view.release()
         kept = keep()
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    os.close(fd)
     if not kept:
         with contextlib.suppress(OSError):
             tmp.unlink()
         return None
-    os.replace(tmp, final)
-    _drop_old_copies(directory)
-    return final
+    return _publish(directory, tmp, final)
 
 
 def common_newest(
