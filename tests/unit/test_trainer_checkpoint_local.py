@@ -287,3 +287,40 @@ def test_snapshots_need_a_local_folder() -> None:
         CheckpointConfig(local_interval_steps=5)
     assert ("checkpoint.local_interval_steps: node-local snapshots need checkpoint.local_dir"
             in str(refused.value))
+
+
+def test_the_staging_buffer_is_allocated_beside_the_step_loop_and_a_save_waits_for_it(
+        tmp_path: Path, one_rank_group: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prepare` (after an attempt's first step) no longer allocates and page-locks the staging
+    buffer in the step loop (seconds for GBs, in every new process): a thread does, and the
+    first save waits for it."""
+    import threading
+
+    from rtj_trainer.checkpoint import staging
+
+    gate = threading.Event()
+    threads: list[str] = []
+    allocate = staging.HostStaging.ensure
+
+    def held_back(self: staging.HostStaging, nbytes: int, device: torch.device) -> torch.Tensor:
+        threads.append(threading.current_thread().name)
+        assert gate.wait(30)
+        return allocate(self, nbytes, device)
+
+    monkeypatch.setattr(staging.HostStaging, "ensure", held_back)
+    store = tmp_path / "store"
+    cfg = CheckpointConfig(dir=str(store), interval_steps=10, mode="async")
+    checkpointer = ck.Checkpointer(cfg, root=store, rank=0, world_size=1,
+                                   device=torch.device("cpu"), identity="a9")
+    state = {"w": torch.full((1000,), 2.0), "step": 10}
+    try:
+        checkpointer.prepare(state)  # returns while the allocation is held back
+        assert threads == ["rtj-staging-allocation"] and checkpointer._staging.buffer is None
+        gate.set()
+        checkpointer.save(10, state)
+        assert checkpointer._allocating is None and checkpointer._staging.buffer is not None
+        checkpointer.wait_until_committed(30)
+        assert checkpointer.stats.committed_step == 10
+    finally:
+        gate.set()
+        checkpointer.close()

@@ -35,6 +35,11 @@ Why this shape:
   process writes only the node-local copy (writer.write_snapshot), when idle. Either way a
   snapshot never waits (`snapshot_ready`), and a resume takes it like any local copy, so a
   killed worker recomputes at most about that interval.
+- **The staging buffer is allocated beside the step loop** (`prepare`, after an attempt's first
+  step): allocating and page-locking GBs (3.3-3.5 s for an 11.3 GB shard on an H200 host) ran
+  in the loop of every new process, after a SIGKILL's restart too, outside every recovery
+  phase measured (docs/benchmarks.md). A thread does it now; the first use of the buffer (a
+  save, a snapshot through the writer, an in-process restart's staging, `close`) waits for it.
 - **A synchronous mode for comparison** writes in the training process, then barriers and commits.
 """
 
@@ -43,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -156,6 +162,8 @@ class Checkpointer(CommitTracking, Resumable):
         if cfg.local_dir:
             self._local = local_copy_dir(Path(cfg.local_dir), root, rank, world_size)
             remove_partial_copies(self._local)  # no writer of this rank runs yet
+        self._allocating: threading.Thread | None = None
+        """The staging buffer's allocation, started by `prepare` (`_staging_allocated`)."""
         self._snapshots: SnapshotTaker | None = None
         """Snapshots through a device-memory copy and a thread (None: through the writer)."""
         if self._local is not None and cfg.local_interval_steps and cfg.snapshot_device_copy:
@@ -214,15 +222,34 @@ class Checkpointer(CommitTracking, Resumable):
             time.sleep(0.005)
 
     def prepare(self, state: dict[str, Any]) -> None:
-        """Allocate (and page-lock) the staging buffer for a state shaped like `state` now, so
-        that the first save's stall is the copy, not a multi-GB allocation."""
+        """Start allocating (and page-locking) the staging buffer for a state shaped like
+        `state` in a thread, so that neither the step loop nor the first save's stall pays for
+        a multi-GB allocation (`_staging_allocated` waits for it)."""
         tensors: list[torch.Tensor] = []
         # A state that is not plain data fails here, once, not in every writer (format docstring).
         encode_skeleton(flatten_state(state, tensors))
         total = plan_layout(tensors)[1]
-        self._staging.ensure(total, self.device)
         if self._snapshots is not None:
             self._snapshots.prepare(total)
+        buffer = self._staging.buffer
+        if self._allocating is None and (buffer is None or buffer.numel() != total):
+            self._allocating = threading.Thread(target=self._allocate_staging, args=(total,),
+                                                name="rtj-staging-allocation", daemon=True)
+            self._allocating.start()
+
+    def _allocate_staging(self, total: int) -> None:
+        try:
+            if self.device.type == "cuda":  # page-locked for this rank's device, not device 0
+                torch.cuda.set_device(self.device)
+            self._staging.ensure(total, self.device)
+        except Exception as exc:  # the first save allocates it again, and fails there if it must
+            log.warning("allocating the staging buffer failed: %s", exc, extra={"rank": self.rank})
+
+    def _staging_allocated(self) -> None:
+        """Wait for `prepare`'s allocation (if one runs) before the staging buffer is used."""
+        if self._allocating is not None:
+            self._allocating.join()
+            self._allocating = None
 
     def save(self, step: int, state: dict[str, Any], *, local_copy: bool = True,
              fail: str | None = None, deadline: float | None = None) -> float:
@@ -233,6 +260,7 @@ class Checkpointer(CommitTracking, Resumable):
         `deadline` (time.monotonic; a stop's): CommitTimeoutError when the previous write (or,
         in sync mode, the commit) is not done by then."""
         began = time.perf_counter()
+        self._staging_allocated()
         self._wait_for_local_write(deadline)
         waited = time.perf_counter()
         directory = self.root / checkpoint_dir_name(step, self.identity)
@@ -305,6 +333,7 @@ class Checkpointer(CommitTracking, Resumable):
             if stall is not None:
                 return stall
         began = time.perf_counter()
+        self._staging_allocated()
         skeleton, layout, blob = stage_to_host(state, self.device, self._staging)
         self._staging.staged = Staged(step, self.identity, self.rank, self.world_size, skeleton,
                                       layout)
@@ -329,6 +358,7 @@ class Checkpointer(CommitTracking, Resumable):
         from there (`_load_staged`), with no step computed again. A write still reading the
         buffer is stopped first (as `close(abort=True)` would stop it). Cut short, the buffer
         holds no save at all, and the next attempt resumes from a copy on disk."""
+        self._staging_allocated()
         if self._queue is not None and not self._writer_idle():
             self._stop_busy_writer()
         skeleton, layout, _ = stage_to_host(state, self.device, self._staging)
@@ -425,6 +455,7 @@ class Checkpointer(CommitTracking, Resumable):
         timeout passed), and `close_interrupted` finishes it once nothing interrupts any more."""
         if self._snapshots is not None:
             self._snapshots.close()  # a snapshot cut short leaves no copy
+        self._staging_allocated()  # never released (or kept) while being allocated
         if self._committer is not None:
             self._committer.stop()
             self._committer = None
