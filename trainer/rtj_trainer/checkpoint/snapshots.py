@@ -81,7 +81,7 @@ class SnapshotTaker:
         self.written = 0
         self.failed = 0
         self.last_write_seconds = 0.0
-        """Event to rename of the newest snapshot the thread finished."""
+        """The thread's start to the rename, for the newest snapshot it finished."""
 
     def prepare(self, nbytes: int) -> bool:
         """Allocate the device buffer for a state of `nbytes` (plan_layout) if there is room."""
