@@ -396,8 +396,9 @@ def sharding(tree: Any, under: str) -> dict[str, list[int]]:
 def live_views(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
 ) -> dict[str, Any] | None:
-    """The model and optimizer parts of a `local_state()` result, if every tensor in them shares
-    its memory with a parameter, buffer or optimizer-state tensor of this rank and every other
+    """The model and optimizer parts (and the sharding) of a `local_state()` result, if every
+    tensor in them shares its memory with a parameter, buffer or optimizer-state tensor of this
+    rank and every other
     value in them is either the optimizer's hyperparameters (`param_groups`, which `live_state`
     reads afresh) or none at all; None otherwise (a copy would show a stale state). Kept by an
     attempt so that an in-process restart can stage the state it was interrupted in, with no
@@ -419,7 +420,9 @@ def live_views(
         return None  # a number or a string among them would not follow the training
     if any(_local_storage(t) not in live for t in tensors):
         return None
-    return {MODEL: state[MODEL], OPTIMIZER: optim}
+    # The sharding of a state dict is fixed for the model and optimizer: kept with the views
+    views = {MODEL: state[MODEL], OPTIMIZER: optim}
+    return views if SHARDING not in state else {**views, SHARDING: state[SHARDING]}
 
 
 def live_state(
@@ -433,8 +436,9 @@ def live_state(
     optim = views[OPTIMIZER]
     groups = [{**saved, **{k: v for k, v in group.items() if k != "params"}}
               for saved, group in zip(optim["param_groups"], optimizer.param_groups, strict=True)]
-    return {MODEL: views[MODEL], OPTIMIZER: {"state": optim["state"], "param_groups": groups},
+    live = {MODEL: views[MODEL], OPTIMIZER: {"state": optim["state"], "param_groups": groups},
             SCHEDULER: scheduler.state_dict()}
+    return live if SHARDING not in views else {**live, SHARDING: views[SHARDING]}
 
 
 def _local_storage(tensor: torch.Tensor) -> int:

@@ -34,7 +34,6 @@ from .checkpoint import (
     job_identity,
     stage_offered,
 )
-from .checkpoint.reshard import SHARDING
 from .checkpoint.store import read_commit_log
 from .config import Config
 from .data import TokenBatches
@@ -144,11 +143,8 @@ class Trainer:
                                       and cfg.checkpoint.interval_steps)
         """An in-process restart stages the state this attempt reached (`offer_live_state`)."""
         self._live_views: dict[str, Any] | None = None
-        """The model and optimizer state read in place (parallel.live_views), once known."""
-        self._views_wanted = self._keeps_live_state or bool(cfg.checkpoint.local_interval_steps)
-        """Keep `_live_views`: for an in-process restart, or to read snapshots in place."""
-        self._sharding: dict[str, Any] | None = None
-        """The last state dict's `SHARDING` (fixed for the attempt's model and optimizer)."""
+        """The model and optimizer state read in place (parallel.live_views), once known: for an
+        in-process restart (`offer_live_state`) and snapshots (`snapshot_state`)."""
         self._live: tuple[int, dict[str, Any], float] | None = None
         """(step, RNG state, completed at) while the model and optimizer hold the state after
         that step; None from the moment the optimizer starts updating until the step is done."""
@@ -170,11 +166,9 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's whole checkpoint (tensors still on the device)."""
-        local = parallel.local_state(self.model, self.optimizer, self.scheduler)
-        self._sharding = local[SHARDING]
-        state = self._whole_state(local, rng=parallel.rng_state(self.ctx.device),
-                                  completed_at=time.time())
-        if self._views_wanted:
+        state = self._whole_state(parallel.local_state(self.model, self.optimizer, self.scheduler),
+                                  rng=parallel.rng_state(self.ctx.device), completed_at=time.time())
+        if self._keeps_live_state or self.cfg.checkpoint.local_interval_steps:
             known = self._live_views is not None
             self._live_views = parallel.live_views(self.model, self.optimizer, state)
             if self._live_views is None and self._keeps_live_state and (
@@ -185,17 +179,13 @@ class Trainer:
         return state
 
     def snapshot_state(self) -> dict[str, Any]:
-        """`state_dict()` for a node-local snapshot: read in place through the live views once
-        they are known (parallel.live_state; what an in-process restart stages), which skips
-        `get_state_dict`'s walk over every parameter and optimizer entry (most of a snapshot's
-        stall: a state dict, the copy's launches, the header)."""
-        views = self._live_views
-        if views is None or self._sharding is None:
+        """`state_dict()` for a node-local snapshot, read in place through the live views once
+        known (parallel.live_state), without `get_state_dict`'s walk over every entry."""
+        if self._live_views is None:
             return self.state_dict()
-        local = parallel.live_state(views, self.optimizer, self.scheduler)
-        local[SHARDING] = self._sharding
-        return self._whole_state(local, rng=parallel.rng_state(self.ctx.device),
-                                 completed_at=time.time())
+        return self._whole_state(parallel.live_state(self._live_views, self.optimizer,
+                                                     self.scheduler),
+                                 rng=parallel.rng_state(self.ctx.device), completed_at=time.time())
 
     def _whole_state(self, local: dict[str, Any], *, rng: dict[str, Any],
                      completed_at: float) -> dict[str, Any]:

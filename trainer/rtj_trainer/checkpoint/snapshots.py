@@ -40,6 +40,7 @@ exercise every part but the side stream (the `gpu` tier covers it).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -167,12 +168,11 @@ class SnapshotTaker:
                 del target
 
         try:
-            if event is not None:
-                with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+            with contextlib.ExitStack() as on_side_stream:
+                if event is not None:
+                    on_side_stream.enter_context(torch.cuda.device(self.device))
+                    on_side_stream.enter_context(torch.cuda.stream(self._stream))
                     self._stream.wait_event(event)
-                    written = publish_local_copy(self.folder, step, identity, header, total,
-                                                 fill, keep=lambda: not self._cancel.is_set())
-            else:
                 written = publish_local_copy(self.folder, step, identity, header, total, fill,
                                              keep=lambda: not self._cancel.is_set())
         except _Cancelled:
