@@ -32,17 +32,20 @@ fault with no restart before it (the trainer abandons the save and goes on). `wr
 `checkpoint-dir-removed` can hold later commits back for the deadline, so each is the last fault
 of its job, one a job.
 
-Control-plane faults, **each alone in a job of its own** (one fault, at step `--spacing` of
-2 x `--spacing`, paced at 2 s a step so the outage falls mid-training): the control plane is the
-whole cluster's, and a job's restarts are only the outage's doing when nothing else happens:
+Control-plane faults, **alone in jobs of their own** (`--control-plane-per-job` of them to a
+job, 1 by default, one every `--spacing` steps, the job `--spacing` steps longer than its last,
+paced at 2 s a step so each outage falls mid-training): the control plane is the whole
+cluster's, and a job's restarts are only the outages' doing when nothing else happens:
 - `apiserver-stop`: kube-apiserver is stopped for `--apiserver-down-seconds` (30), then started
   again on the same port, certificates and etcd;
 - `etcd-restart`: etcd is stopped and started again on the same data directory;
 - `operator-conn-reset`: every TCP connection of the operator to kube-apiserver is reset
   (`ss -K`; needs root or CAP_NET_ADMIN).
 Recovered: the job ends Succeeded with no restart from the fault on (status.restarts.total
-before and after); seconds: the server back -> the job's status caught up with the training done
-meanwhile (status.step at least rank 0's step at the return; the target is <= 10 s).
+just before the fault and at the job's end: with several outages in a job, a restart after any
+of them counts against every earlier one too); seconds: the server back -> the job's status
+caught up with the training done meanwhile (status.step at least rank 0's step at the return;
+the target is <= 10 s).
 
 For every fault it reports: recovered or not; the seconds from the fault to the first completed
 step after it (rank 0's `losses.jsonl`; the storage and control-plane faults: as above); the
@@ -105,6 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "the campaign's total over all its shards")
     parser.add_argument("--faults-per-job", type=int, default=4,
                         help="faults in one job (default 4)")
+    parser.add_argument("--control-plane-per-job", type=int, default=1,
+                        help="control-plane faults in one job of their own (default 1)")
     parser.add_argument("--spacing", type=int, default=25,
                         help="steps between two faults of a job (default 25)")
     parser.add_argument("--checkpoint-interval", type=int, default=10,
@@ -147,12 +152,14 @@ def plans_to_run(args: argparse.Namespace,
         return replay_plans(campaign, args.replay)
     if campaign is None:
         return plan_campaign(kinds, args.faults_per_kind, args.faults_per_job, args.spacing,
-                             args.seed, interval=args.checkpoint_interval)
+                             args.seed, interval=args.checkpoint_interval,
+                             control_plane_per_job=args.control_plane_per_job)
     number = len(campaign["shards"])
     done = [f for shard in campaign["shards"] for f in shard.get("faults", [])]
     return plan_faults(still_to_run(kinds, args.faults_per_kind, done), args.faults_per_job,
                        args.spacing, args.seed + number, prefix=f"chaos-s{number}",
-                       interval=args.checkpoint_interval)
+                       interval=args.checkpoint_interval,
+                       control_plane_per_job=args.control_plane_per_job)
 
 
 def main(argv: list[str] | None = None) -> int:

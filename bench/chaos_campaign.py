@@ -13,8 +13,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .chaos_faults import FaultKinds
-from .chaos_plan import JobPlan, PlannedFault
+from .chaos_faults import FaultKinds, control_plane_outcome
+from .chaos_plan import CONTROL_PLANE_KINDS, JobPlan, PlannedFault
 from .chaos_results import FaultResult, analyse_fault, campaign_summary, final_loss, summarise
 from .common import OPERATOR_SOURCES, REPO_ROOT, TRAINER_SOURCES, source_fingerprint, write_json
 from .kubejobs import example_job, result_header
@@ -54,6 +54,11 @@ class Campaign(FaultKinds):
         commits: dict[int, float] = {}
         results = [self.run_fault(plan, fault, commits, deadline) for fault in plan.faults]
         final = self.wait_for_end(plan.name, commits, deadline)
+        for result in results:
+            if result.kind in CONTROL_PLANE_KINDS:  # recovered only if the job ended well
+                control_plane_outcome(result, final)
+                analyse_fault(result, self.records(plan.name), commits)
+                self.report(result)
         loss = final_loss(self.records(plan.name), plan.steps)
         job = {
             "job": plan.name, "steps": plan.steps, "final_state": final.get("state"),
@@ -78,10 +83,15 @@ class Campaign(FaultKinds):
         finally:
             self.after(fault, result)
         analyse_fault(result, self.records(plan.name), commits)
-        print(f"[bench.chaos] {plan.name} {fault.kind}@{fault.step}: "
+        if result.kind not in CONTROL_PLANE_KINDS:  # those: at the job's end (run_job)
+            self.report(result)
+        return result
+
+    @staticmethod
+    def report(result: FaultResult) -> None:
+        print(f"[bench.chaos] {result.job} {result.kind}@{result.step}: "
               f"recovered={result.recovered} seconds={result.seconds} "
               f"lost={result.steps_lost_beyond_commit} {result.detail or ''}", flush=True)
-        return result
 
     def wait_for_end(self, name: str, commits: dict[int, float],
                      deadline: float) -> dict[str, Any]:
@@ -89,7 +99,11 @@ class Campaign(FaultKinds):
         final: dict[str, Any] = {}
         while time.monotonic() < deadline:
             self.note_commits(name, commits)
-            final = self.status(name)
+            try:
+                final = self.status(name)
+            except Exception:  # the API server still warming up after a control-plane fault
+                time.sleep(1)
+                continue
             if final.get("state") in ("Succeeded", "Failed"):
                 break
             time.sleep(1)

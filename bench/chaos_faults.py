@@ -209,26 +209,15 @@ class FaultKinds(ChaosCluster):
                           deadline: float) -> None:
         """Until a new attempt completed a step after the fault, or the job ended (a fault that
         needed no restart: `analyse_fault` calls it absorbed). A storage fault: until the job
-        committed a checkpoint of a later step; a control-plane fault: until the job ended."""
+        committed a checkpoint of a later step; a control-plane fault: not at all (its status
+        caught up in `control_plane_fault`; `Campaign.run_job` adds the job's end through
+        `control_plane_outcome`)."""
         assert result.injected_at is not None
         injected = result.injected_at
         if result.kind in CHECKPOINT_KINDS:
             self.wait_for_later_commit(plan, result, commits, deadline)
             return
         if result.kind in CONTROL_PLANE_KINDS:
-            final: dict[str, Any] = {}
-            while time.monotonic() < deadline:
-                self.note_commits(plan.name, commits)
-                try:
-                    final = self.status(plan.name)
-                except Exception:  # the API server still warming up
-                    time.sleep(1)
-                    continue
-                if final.get("state") in ("Succeeded", "Failed"):
-                    break
-                time.sleep(1)
-            result.detail["final_state"] = final.get("state")
-            result.detail["restarts_after"] = restarts_total(final)
             return
         records = self.records(plan.name)
         before = [r for r in records if r.at <= injected]
@@ -288,6 +277,13 @@ def find_writer(pids: set[int]) -> int | None:
         if name == "rtj-ckpt-writer":
             return pid
     return None
+
+
+def control_plane_outcome(result: FaultResult, final: dict[str, Any]) -> None:
+    """What a control-plane fault's recovery reads of the job's end (`final`: its status once
+    it Succeeded or Failed): the final state and status.restarts.total then."""
+    result.detail["final_state"] = final.get("state")
+    result.detail["restarts_after"] = restarts_total(final)
 
 
 def restarts_total(status: dict[str, Any]) -> int | None:

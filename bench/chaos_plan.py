@@ -24,9 +24,10 @@ HOLDING_KINDS = ("write-lost", "checkpoint-dir-removed")
 rank's record, a directory gone): meanwhile the job may train to its end, so such a fault is the
 last of its job, and a job has one (a second one gets a job of its own)."""
 CONTROL_PLANE_KINDS = ("apiserver-stop", "etcd-restart", "operator-conn-reset")
-"""Faults of the control plane, which every job of the cluster shares: each runs alone, one to a
-job, in a job paced at `CONTROL_PLANE_STEP_SECONDS` a step, so that whatever the job's status
-and restarts do around it is the outage's doing, and the outage falls mid-training."""
+"""Faults of the control plane, which every job of the cluster shares: each runs alone, in a
+job of control-plane faults only (`--control-plane-per-job` of them, one by default) paced at
+`CONTROL_PLANE_STEP_SECONDS` a step, so that whatever the job's status and restarts do around
+it is the outages' doing, and each outage falls mid-training."""
 CONTROL_PLANE_STEP_SECONDS = 2.0
 KINDS = ("exception", "sigkill", "hang", "pod-kill", "node-partition", "rendezvous-kill",
          "operator-kill", "writer-kill", *CHECKPOINT_KINDS, *CONTROL_PLANE_KINDS)
@@ -78,26 +79,30 @@ def checkpoint_step(step: int, interval: int, last: int) -> int:
 
 
 def plan_campaign(kinds: list[str], per_kind: int, faults_per_job: int, spacing: int,
-                  seed: int, interval: int | None = None) -> list[JobPlan]:
+                  seed: int, interval: int | None = None,
+                  control_plane_per_job: int = 1) -> list[JobPlan]:
     """Every kind `per_kind` times, shuffled with `seed`, packed `faults_per_job` to a job: fault
     i of a job at step `spacing * (i + 1)` (a checkpoint fault: the checkpoint step nearest it,
     with checkpoints every `interval` steps), the job `spacing` steps longer than its last
-    fault. A control-plane fault has a job of its own (CONTROL_PLANE_KINDS), at step `spacing`
-    of `2 * spacing`."""
+    fault. Control-plane faults (CONTROL_PLANE_KINDS) get jobs of their own,
+    `control_plane_per_job` to a job (1: at step `spacing` of `2 * spacing`)."""
     if per_kind < 1:
         raise ValueError("per_kind >= 1, faults_per_job >= 1 and spacing >= 2 are needed")
     return plan_faults(dict.fromkeys(kinds, per_kind), faults_per_job, spacing, seed,
-                       interval=interval)
+                       interval=interval, control_plane_per_job=control_plane_per_job)
 
 
 def plan_faults(counts: dict[str, int], faults_per_job: int, spacing: int, seed: int,
-                prefix: str = "chaos", interval: int | None = None) -> list[JobPlan]:
+                prefix: str = "chaos", interval: int | None = None,
+                control_plane_per_job: int = 1) -> list[JobPlan]:
     """`counts[kind]` faults of each kind, shuffled with `seed`, packed `faults_per_job` to a
     job named `<prefix>-<n>` (see plan_campaign): a HOLDING_KINDS fault last in its job and one a
     job (the others get jobs of their own after the packed ones); the control-plane faults' jobs
-    come last. Checkpoint faults need `interval`; two faults of a job on one step are a
-    ValueError."""
-    if faults_per_job < 1 or spacing < 2 or any(n < 0 for n in counts.values()):
+    come last, `control_plane_per_job` to a job and nothing else in it (the control plane is
+    every job's: only one job runs at a time, so the outage is that job's alone). Checkpoint
+    faults need `interval`; two faults of a job on one step are a ValueError."""
+    if (faults_per_job < 1 or spacing < 2 or control_plane_per_job < 1
+            or any(n < 0 for n in counts.values())):
         raise ValueError("per_kind >= 1, faults_per_job >= 1 and spacing >= 2 are needed")
     unknown = [k for k in counts if k not in KINDS]
     if unknown:
@@ -118,7 +123,8 @@ def plan_faults(counts: dict[str, int], faults_per_job: int, spacing: int, seed:
     chunks += held
     alone = [kind for kind, n in counts.items() for _ in range(n) if kind in CONTROL_PLANE_KINDS]
     rng.shuffle(alone)
-    chunks += [[kind] for kind in alone]
+    chunks += [alone[start:start + control_plane_per_job]
+               for start in range(0, len(alone), control_plane_per_job)]
     jobs = []
     for number, chunk in enumerate(chunks):
         steps = spacing * (len(chunk) + 1)

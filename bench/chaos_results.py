@@ -177,7 +177,11 @@ def summarise(faults: list[FaultResult], jobs: list[dict[str, Any]]) -> dict[str
 def render(summary: dict[str, Any]) -> str:
     rows = [[kind, str(k["faults"]), str(k["recovered"]), format_spread(k["seconds"]),
              str(k["max_steps_lost_beyond_commit"])] for kind, k in summary["by_kind"].items()]
-    return "\n".join([
+    code = ""
+    if "commits" in summary:
+        code = (f"code: commit {', '.join(summary['commits'])}; operator and trainer sources "
+                f"{', '.join(summary['sources'])}\n")
+    return code + "\n".join([
         f"jobs Succeeded {summary['jobs_succeeded']}/{summary['jobs']}, final loss identical to "
         f"the fault-free run {summary['jobs_final_loss_identical']}/{summary['jobs']}; faults "
         f"recovered {summary['recovered']}/{summary['faults']}, steps lost beyond the last "
@@ -202,7 +206,12 @@ def campaign_summary(shards: list[dict[str, Any]]) -> dict[str, Any]:
     """summarise() over every shard's faults and jobs."""
     faults = [FaultResult(**f) for shard in shards for f in shard.get("faults", [])]
     jobs = [job for shard in shards for job in shard.get("jobs", [])]
-    return summarise(faults, jobs)
+    summary = summarise(faults, jobs)
+    # Which code ran: a campaign "at one commit" has one entry in each (issue #31).
+    summary["commits"] = sorted({str(shard.get("commit")) for shard in shards})
+    summary["sources"] = sorted({str(shard.get("operator_and_trainer_source"))
+                                 for shard in shards})
+    return summary
 
 
 def passed(summary: dict[str, Any]) -> bool:

@@ -12,7 +12,7 @@ import pytest
 from rtj_trainer.checkpoint.format import Manifest, checkpoint_dir_name
 
 from bench.chaos_campaign import job_manifest
-from bench.chaos_faults import parse_proc_net_tcp
+from bench.chaos_faults import control_plane_outcome, parse_proc_net_tcp
 from bench.chaos_plan import (
     CHECKPOINT_KINDS,
     CONTROL_PLANE_KINDS,
@@ -35,6 +35,7 @@ from bench.chaos_results import (
     passed,
     read_campaign,
     read_commits,
+    render,
     summarise,
 )
 from bench.localrun import StepRecord
@@ -256,6 +257,17 @@ def test_the_campaign_file_sums_its_shards_and_refuses_other_files(tmp_path: Pat
     assert not passed(campaign_summary(shards))
 
 
+def test_the_campaign_summary_names_every_commit_and_source_its_shards_ran() -> None:
+    job = {"final_state": "Succeeded", "final_loss_identical": True}
+    shard = {"faults": [], "jobs": [job], "commit": "98608c2aaaaa",
+             "operator_and_trainer_source": "f00d"}
+    one = campaign_summary([shard, dict(shard)])
+    assert one["commits"] == ["98608c2aaaaa"] and one["sources"] == ["f00d"]
+    assert render(one).startswith("code: commit 98608c2aaaaa; operator and trainer sources f00d")
+    two = campaign_summary([shard, {**shard, "commit": "04ac3d4bbbbb+dirty"}])
+    assert two["commits"] == ["04ac3d4bbbbb+dirty", "98608c2aaaaa"]
+
+
 def test_a_replay_runs_a_recorded_jobs_faults_again_and_names_unknown_jobs() -> None:
     recorded = {"job": "chaos-s0-1", "steps": 75, "final_state": "Failed",
                 "faults": [{"kind": "node-partition", "step": 25, "rank": 1},
@@ -355,6 +367,35 @@ def test_a_control_plane_fault_recovers_with_the_job_succeeded_and_no_restart() 
     failed = analyse_fault(FaultResult("j", "operator-conn-reset", 25, 0, injected_at=101.0,
                                        detail=detail | {"final_state": "Failed"}), records, {})
     assert not failed.recovered
+
+
+def test_several_control_plane_faults_share_a_job_and_its_end_decides_each() -> None:
+    plans = plan_campaign(list(CONTROL_PLANE_KINDS), per_kind=4, faults_per_job=6, spacing=25,
+                          seed=3, control_plane_per_job=4)
+    assert [len(plan.faults) for plan in plans] == [4, 4, 4]
+    assert Counter(f.kind for plan in plans for f in plan.faults) == dict.fromkeys(
+        CONTROL_PLANE_KINDS, 4)
+    for plan in plans:
+        assert [f.step for f in plan.faults] == [25, 50, 75, 100] and plan.steps == 125
+        assert plan.step_seconds() == 2.0
+    mixed = plan_campaign(["sigkill", "apiserver-stop"], per_kind=3, faults_per_job=3,
+                          spacing=25, seed=3, control_plane_per_job=2)
+    assert [[f.kind for f in plan.faults] for plan in mixed] == [
+        ["sigkill"] * 3, ["apiserver-stop"] * 2, ["apiserver-stop"]]
+    with pytest.raises(ValueError, match="are needed"):
+        plan_campaign(["apiserver-stop"], 1, 1, 25, 0, control_plane_per_job=0)
+    # a job's end decides every outage of it: a restart after the second counts against both
+    records = _records((24, "a", 100.0), (49, "a", 150.0), (60, "a", 170.0))
+    first = FaultResult("j", "apiserver-stop", 25, 0, injected_at=101.0,
+                        detail={"restarts_before": 0, "status_caught_up_seconds": 2.0})
+    second = FaultResult("j", "etcd-restart", 50, 0, injected_at=151.0,
+                         detail={"restarts_before": 0, "status_caught_up_seconds": 1.0})
+    for result in (first, second):
+        control_plane_outcome(result, {"state": "Succeeded", "restarts": {"total": 0}})
+        assert analyse_fault(result, records, {20: 90.0}).recovered
+        control_plane_outcome(result, {"state": "Succeeded", "restarts": {"total": 1}})
+        assert not analyse_fault(result, records, {20: 90.0}).recovered
+        assert result.detail["restarts_caused"] == 1
 
 
 def test_the_newest_checkpoint_directory_in_flight_or_committed(tmp_path: Path) -> None:
