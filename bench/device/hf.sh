@@ -19,7 +19,8 @@
 #   stall (attempt_snapshots), is their cost.
 # ratio: bench.goodput's faulted-inprocess and baseline variants in one invocation, the HF model,
 #   RATIO_STEPS (default 1000) steps, four faults (exception, SIGKILL, exception, SIGKILL; no
-#   hang: with one rank the baseline never recovers from one), a checkpoint every 100 steps.
+#   hang: with one rank the baseline never recovers from one), a checkpoint every 100 steps;
+#   RATIO_FAULTS replaces the fault schedule (for a shorter RATIO_STEPS).
 # SNAPSHOTS=N (recovery, goodput, ratio): node-local snapshots every N steps between saves
 #   (checkpoint.local_interval_steps; the summary's attempt_snapshots has their count and stall).
 # Writes JSON and log excerpts under $OUT.
@@ -73,7 +74,7 @@ if [[ ,${PART:-}, == *,snapcost,* ]]; then
   # a fresh machine compiles the Triton kernels in its first run: not in either measured run
   python3 bench/trainer_gpu.py --preset 1b --runs no_checkpoint --steps 5 --staging-gib 0 \
     --timeout 120 "${HFSET[@]}" --root /tmp/st > /dev/null 2>&1
-  python3 bench/trainer_gpu.py --preset 1b --runs no_checkpoint,snapshots --steps "${STEPS:-200}" \
+  timeout "${SNAPCOST_TIMEOUT:-300}" python3 bench/trainer_gpu.py --preset 1b --runs no_checkpoint,snapshots --steps "${STEPS:-200}" \
     --snapshot-every "${SNAPSHOTS:-10}" --staging-gib 0 --timeout 240 "${HFSET[@]}" \
     --set data.batch_size=4 --root /tmp/st --out "$OUT/snapcost.json" > /dev/null || rc=1
   python3 -c "import json,sys
@@ -83,7 +84,7 @@ fi
 if [[ ,${PART:-}, == *,ratio,* ]]; then
   rm -rf /tmp/gp /dev/shm/rtj-local
   timeout "${GOODPUT_TIMEOUT:-560}" python3 -m bench.goodput --variants faulted-inprocess,baseline \
-    --steps "${RATIO_STEPS:-1000}" --faults 250:0:exception,450:0:sigkill,650:0:exception,850:0:sigkill \
+    --steps "${RATIO_STEPS:-1000}" --faults "${RATIO_FAULTS:-250:0:exception,450:0:sigkill,650:0:exception,850:0:sigkill}" \
     --checkpoint-interval 100 --heartbeat-timeout 10 "${SHAPE[@]}" --set data.batch_size=4 \
     "${HFSET[@]}" "${SNAP[@]}" --set checkpoint.local_dir=/dev/shm/rtj-local \
     --set checkpoint.keep=2 --run-timeout 330 --work-dir /tmp/gp --out "$OUT/ratio.json" || rc=1
