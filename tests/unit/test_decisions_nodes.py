@@ -145,6 +145,23 @@ def test_a_pod_on_a_lost_node_whose_peers_train_on_is_not_force_deleted(
     assert (IncidentCause.NODE_LOST in causes) is not fenced
 
 
+def test_peers_stuck_past_the_pods_last_report_are_no_word() -> None:
+    """The campaign of 2026-12-05: pod 1 froze with its node at step 14, last read at step 10;
+    pod 0 completed steps up to 14 with it, then waited in a collective, its heartbeats stopped
+    too. Its step stands past pod 1's last report, but it does not train on: pod 1 is lost
+    (was: held until a HeartbeatTimeout replaced pod 0, ~290 s)."""
+    j = job()
+    one = running(j)  # every rank at step 10
+    later = AFTER + timedelta(seconds=60)  # past heartbeatTimeoutSeconds (20)
+    stuck = {0: dataclasses.replace(beats(AFTER + timedelta(seconds=5), step=14)[0],
+                                    read_time=later.timestamp())}
+    observed = world(trainer(0), trainer(1, **LOST_NODE), rdzv=rendezvous())
+    two = then(one, j, observed, now=later, liveness=stuck)
+    assert ("tiny-1", True) in deletes(two)
+    causes = [i["cause"] for i in two.status.get("incidents") or []]
+    assert IncidentCause.NODE_LOST in causes
+
+
 def test_the_peers_word_needs_every_peer() -> None:
     # Without a word from the peers (pod 0 silent too), the lost pod is force-deleted as before.
     j = job()

@@ -18,9 +18,14 @@ from datetime import timedelta
 
 from rtj_operator import naming
 from rtj_operator.api.vocabulary import ConditionType, IncidentCause, RankState
-from rtj_operator.decisions.clocks import completed_step, node_liveness
+from rtj_operator.decisions.clocks import (
+    completed_step,
+    node_liveness,
+    oldest_heartbeat,
+    read_moment,
+)
 from rtj_operator.decisions.hangs import finishing, hang_faults, node_heartbeat
-from rtj_operator.decisions.state import DetectedFault, Pass, iso, some
+from rtj_operator.decisions.state import DetectedFault, Pass, from_unix, iso, some
 from rtj_operator.launcher import NO_RESTART_EXIT_CODE
 from rtj_operator.observed import PodView
 
@@ -98,6 +103,13 @@ def peers_train_on(p: Pass, index: int) -> int | None:
     would wait beside it in a rendezvous nobody opens, be declared hung, and cost budget and a
     healthy node, again and again.
 
+    The peers must still beat (every peer's heartbeats at most `heartbeatTimeoutSeconds` old
+    at their read): peers stuck in a collective, waiting for a pod that froze with its node, also
+    stand a few steps past the pod's last report (the steps it took after its last read), and
+    stay there; their stopped heartbeats tell that they do not train on with it (the campaign of
+    2026-12-05: without this, such a pod was held for ~290 s, until a HeartbeatTimeout replaced
+    its peers).
+
     With warm spares, a pod whose every rank is standby trains nothing and is left out; NVRx's
     `FillGaps` moves a spare into the ranks of a pod that left the world, and that spare then
     reports its ranks as training: the peers then fill the world without the pod, and there is
@@ -112,6 +124,7 @@ def peers_train_on(p: Pass, index: int) -> int | None:
     if previous is None or previous.step is None or previous.attempt != pod.attempt:
         return None
     procs = p.plan.procs_per_node
+    limit = timedelta(seconds=p.spec.fault_tolerance.heartbeat_timeout_seconds)
     training_ranks = 0
     spare_standing_by = False
     steps = []
@@ -125,8 +138,9 @@ def peers_train_on(p: Pass, index: int) -> int | None:
             spare_standing_by = True
             continue
         step = completed_step(node)
-        if step is None:
-            return None
+        beat = oldest_heartbeat(node, listed_only=not p.builtin_trainer)
+        if step is None or beat is None or read_moment(p, other) - from_unix(beat) > limit:
+            return None  # no step, or stuck: its heartbeats stopped too
         steps.append(step)
         training_ranks += len(node.samples)
     if p.spec.fault_tolerance.spares and not spare_standing_by:
