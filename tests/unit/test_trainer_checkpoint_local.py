@@ -191,6 +191,9 @@ def test_a_snapshot_through_the_device_copy_never_waits_for_a_save_and_is_of_its
         weights.fill_(9.0)  # the next steps' updates
         checkpointer._snapshots.wait(30)
         assert checkpointer._snapshots.written == 1 and checkpointer._snapshots.failed == 0
+        copies = checkpointer.snapshot_copies()  # the trainer's summary reports these
+        assert copies["thread_copies"] == 1
+        assert 0 < copies["thread_copy_seconds_last"] == copies["thread_copy_seconds_max"]
         copy = next(c for c in local.local_copies(checkpointer._local) if c.step == 15)
         state = ck.read_shard(copy.path)
         assert state["step"] == 15 and torch.equal(state["w"], torch.full((1000,), 1.5))

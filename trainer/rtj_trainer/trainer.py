@@ -440,8 +440,8 @@ class Trainer:
             "attempt_loop_seconds": round(loop_seconds, 3),
             "attempt_checkpoint_stall_seconds_total": round(self.stall_seconds_total, 4),
             "attempt_checkpoint_stall_seconds_max": round(self.stall_seconds_max, 4),
-            "attempt_snapshots": {key: round(value, 4)
-                                  for key, value in self.snapshots.items()},
+            "attempt_snapshots": {k: round(v, 4) for k, v in (
+                self.snapshots | self.checkpointer.snapshot_copies()).items()},
         }
 
     def newest_commit(self) -> tuple[int | None, float | None, Path | None]:

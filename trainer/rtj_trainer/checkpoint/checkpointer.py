@@ -321,6 +321,15 @@ class Checkpointer(CommitTracking, Resumable):
         self._async_queue()
         return self._writer_idle()
 
+    def snapshot_copies(self) -> dict[str, float]:
+        """What the snapshot thread (`SnapshotTaker`) did in this process: copies written, the
+        newest one's and the longest one's seconds (start to rename); empty without it."""
+        t = self._snapshots
+        if t is None or not t.usable:
+            return {}
+        return {"thread_copies": t.written, "thread_copy_seconds_last": t.last_write_seconds,
+                "thread_copy_seconds_max": t.max_write_seconds}
+
     def snapshot(self, step: int, state: dict[str, Any]) -> float:
         """Stage `state` and write it as this rank's node-local copy of `step` alone, nothing
         on the shared store (`checkpoint.local_interval_steps`; only when `snapshot_ready`);

@@ -83,6 +83,9 @@ class SnapshotTaker:
         self.failed = 0
         self.last_write_seconds = 0.0
         """The thread's start to the rename, for the newest snapshot it finished."""
+        self.max_write_seconds = 0.0
+        """The same, the longest of this taker's snapshots: longer than the steps between two
+        snapshots means some are skipped, and a SIGKILL within it finds the newest unfinished."""
 
     def prepare(self, nbytes: int) -> bool:
         """Allocate the device buffer for a state of `nbytes` (plan_layout) if there is room."""
@@ -185,6 +188,7 @@ class SnapshotTaker:
         if written is not None:
             self.written += 1
             self.last_write_seconds = time.perf_counter() - began
+            self.max_write_seconds = max(self.max_write_seconds, self.last_write_seconds)
 
     def _copy_through_bounce(self, source: torch.Tensor, target: torch.Tensor) -> None:
         """Device buffer -> the two page-locked buffers (on the side stream, asynchronously)
