@@ -45,9 +45,68 @@ def test_the_newest_two_copies_are_kept_and_partial_ones_are_never_offered(
         _write(tmp_path, step)
     (tmp_path / ".step-000000040.a0-l0-i0-1.bin.tmp-123").write_bytes(b"half")
     assert [c.step for c in local.local_copies(tmp_path)] == [30, 20]
-    local.remove_partial_copies(tmp_path)
+    local.remove_partial_copies(tmp_path)  # the temporary is kept as the spare, never a copy
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "step-000000020.a0-l0-i0-1.bin", "step-000000030.a0-l0-i0-1.bin"]
+        local.SPARE_NAME, "step-000000020.a0-l0-i0-1.bin", "step-000000030.a0-l0-i0-1.bin"]
+    assert [c.step for c in local.local_copies(tmp_path)] == [30, 20]
+
+
+def _only(directory: Path, names: list[str], timeout: float = 10.0) -> None:
+    """Until `directory` holds exactly `names` (deletions run on daemon threads)."""
+    deadline = time.monotonic() + timeout
+    while sorted(p.name for p in directory.iterdir()) != sorted(names):
+        assert time.monotonic() < deadline, sorted(p.name for p in directory.iterdir())
+        time.sleep(0.01)
+
+
+def test_a_killed_writers_temporaries_become_the_spare_or_go_on_a_thread(
+        tmp_path: Path) -> None:
+    """Issue #32: deleting an 11.3 GB temporary on /dev/shm took ~1.2 s of a restart's critical
+    path. At a restart one temporary becomes the spare file (renamed, which is instant), the
+    others, an older trash file and, when the job finished, every one go."""
+    copy = _write(tmp_path, 10).name
+    first = tmp_path / ".step-000000020.a0-l0-i0-1.bin.tmp-7"
+    first.write_bytes(b"x" * 100)
+    (tmp_path / ".step-000000030.a0-l0-i0-1.bin.tmp-8").write_bytes(b"y" * 50)
+    (tmp_path / ".trash-1-2-3").write_bytes(b"z")  # left by a process that exited
+    local.remove_partial_copies(tmp_path)
+    _only(tmp_path, [copy, local.SPARE_NAME])
+    assert (tmp_path / local.SPARE_NAME).stat().st_size in (100, 50)
+    (tmp_path / ".step-000000040.a0-l0-i0-1.bin.tmp-9").write_bytes(b"w")
+    local.remove_partial_copies(tmp_path)  # a spare is there already: the new one goes
+    _only(tmp_path, [copy, local.SPARE_NAME])
+    local.discard_local_copies(tmp_path)  # the job finished: nothing is left, at once
+    assert not tmp_path.exists()
+
+
+def test_a_snapshot_given_up_leaves_its_file_as_the_spare_and_the_next_one_writes_over_it(
+        tmp_path: Path) -> None:
+    _write(tmp_path, 10)
+    _write(tmp_path, 20)
+    skeleton, layout, blob = stage({"w": torch.full((3,), 3.0), "step": 30})
+    header = ck.format.encode_header(skeleton, layout, blob.numel())
+    data = memoryview(blob.numpy()).cast("B")
+    inode = local.local_copies(tmp_path)[-1].path.stat().st_ino  # the oldest: 10's
+
+    def fill(view: memoryview) -> None:
+        view[:] = data
+
+    def fail(view: memoryview) -> None:
+        raise RuntimeError("cut short")
+
+    with pytest.raises(RuntimeError, match="cut short"):
+        local.publish_local_copy(tmp_path, 30, "a0-l0-i0-1", header, len(data), fail)
+    spare = tmp_path / local.SPARE_NAME
+    assert spare.stat().st_ino == inode  # 10's file, not deleted on the caller's time
+    assert [c.step for c in local.local_copies(tmp_path)] == [20]
+    published = local.publish_local_copy(tmp_path, 30, "a0-l0-i0-1", header, len(data), fill)
+    assert published is not None and published.stat().st_ino == inode and not spare.exists()
+    assert torch.equal(ck.read_shard(published)["w"], torch.full((3,), 3.0))
+    # a spare of another size is not written over: deleted, and a new file is made
+    spare.write_bytes(b"other size")
+    other = local.publish_local_copy(tmp_path, 40, "a0-l0-i0-1", header, len(data), fill)
+    assert other is not None and [c.step for c in local.local_copies(tmp_path)] == [40, 30]
+    _only(tmp_path, [other.name, published.name])
 
 
 def test_ranks_agree_on_the_newest_save_all_of_them_hold() -> None:
@@ -206,7 +265,8 @@ def test_a_snapshot_through_the_device_copy_never_waits_for_a_save_and_is_of_its
 def test_a_snapshot_cut_short_leaves_no_copy_and_the_older_ones_stand(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An in-process restart closes the checkpointer while a snapshot is being written: the
-    thread stops between chunks, and no copy of that step (nor a temporary) is left."""
+    thread stops between chunks, and no copy of that step is left; its file is kept as the
+    spare for the next snapshot (not deleted while the restart waits)."""
     from rtj_trainer.checkpoint import snapshots
 
     folder = tmp_path / "shm"
@@ -218,7 +278,7 @@ def test_a_snapshot_cut_short_leaves_no_copy_and_the_older_ones_stand(
     taker.close()
     assert taker.ready() and taker.written == 0 and taker.failed == 0
     assert [c.step for c in local.local_copies(folder)] == [10]
-    assert not [p for p in folder.iterdir() if p.name.startswith(".")]
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == [local.SPARE_NAME]
 
 
 def test_a_published_copy_reuses_the_oldest_copys_file_and_keep_false_publishes_nothing(
@@ -234,8 +294,10 @@ def test_a_published_copy_reuses_the_oldest_copys_file_and_keep_false_publishes_
 
     assert local.publish_local_copy(tmp_path, 40, "a0-l0-i0-1", header, len(data), fill,
                                     keep=lambda: False) is None
-    # the file of 10 was reused, then dropped
+    # the file of 10 was reused, then given up: it is the spare now, which the next copy of
+    # this size writes over
     assert [c.step for c in local.local_copies(tmp_path)] == [20]
+    (tmp_path / local.SPARE_NAME).unlink()
     _write(tmp_path, 25)
     oldest = local.local_copies(tmp_path)[-1].path
     inode = oldest.stat().st_ino

@@ -24,6 +24,8 @@ import hashlib
 import mmap
 import os
 import re
+import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,6 +35,13 @@ from .format import WRITE_CHUNK_BYTES, WRITE_THREADS, checkpoint_dir_name
 
 LOCAL_KEEP = 2
 _COPY_PATTERN = re.compile(r"^step-(\d{9})\.(.+)\.bin$")
+SPARE_NAME = ".spare.bin"
+"""A copy's file given up before it was whole (a snapshot cut short by an in-process restart,
+a temporary left by a killed process), kept for the next snapshot to write over
+(`publish_local_copy`): deleting an 11.3 GB file on /dev/shm takes about a second while the
+kernel frees its pages, which sat on the restart's critical path (docs/benchmarks.md, issue
+#32's table at one commit), and a new file's pages would all be faulted in again. Never a copy:
+`local_copies` does not see it."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -63,13 +72,46 @@ def local_copies(directory: Path) -> list[LocalCopy]:
     return sorted(found, reverse=True)
 
 
-def remove_partial_copies(directory: Path) -> None:
-    """Delete temporaries left by a writer that died mid-copy (call while no writer runs)."""
+def remove_partial_copies(directory: Path, *, keep_spare: bool = True) -> None:
+    """Clear the temporaries left by a writer that died mid-copy (call while no writer runs):
+    one is kept as the spare file (`SPARE_NAME`) unless there is one already, the others are
+    deleted on a daemon thread, off the restart's critical path. `keep_spare=False` (the job
+    finished): every one, the spare too, is deleted before this returns."""
+    spare = directory / SPARE_NAME
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(directory):
-            if entry.name.startswith("."):
-                with contextlib.suppress(OSError):
+            if not entry.name.startswith(".") or (keep_spare and entry.name == SPARE_NAME):
+                continue
+            with contextlib.suppress(OSError):
+                if not keep_spare:
                     os.unlink(entry.path)
+                elif ".tmp-" in entry.name and not spare.exists():
+                    os.replace(entry.path, spare)
+                else:
+                    _delete_later(directory, Path(entry.path))
+
+
+def _set_aside(directory: Path, tmp: Path) -> None:
+    """Keep `tmp`, a temporary given up, as the spare file (an older spare is deleted on a
+    daemon thread)."""
+    spare = directory / SPARE_NAME
+    with contextlib.suppress(OSError):
+        if spare.exists():
+            _delete_later(directory, spare)
+        os.replace(tmp, spare)
+
+
+def _delete_later(directory: Path, path: Path) -> None:
+    """Rename `path` out of the way at once and delete it on a daemon thread: freeing a file of
+    GBs on /dev/shm takes about a second. A process that exits first leaves it (its name starts
+    with "."), and the next `remove_partial_copies` deletes it."""
+    trash = directory / f".trash-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
+    try:
+        os.replace(path, trash)
+    except OSError:
+        return
+    threading.Thread(target=lambda: trash.unlink(missing_ok=True), name="rtj-local-delete",
+                     daemon=True).start()
 
 
 def write_local_copy(directory: Path, step: int, identity: str, header: bytes,
@@ -94,15 +136,20 @@ def _names(directory: Path, step: int, identity: str) -> tuple[Path, Path]:
 
 
 @contextlib.contextmanager
-def _temporary(tmp: Path, flags: int) -> Iterator[int]:
-    """An open descriptor of `tmp`; the file is removed when the body fails."""
+def _temporary(tmp: Path, flags: int,
+               give_up: Callable[[Path], None] | None = None) -> Iterator[int]:
+    """An open descriptor of `tmp`; when the body fails the file is removed, or handed to
+    `give_up`."""
     fd = os.open(tmp, flags | os.O_CLOEXEC, 0o600)
     try:
         yield fd
     except BaseException:
         os.close(fd)
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        if give_up is not None:
+            give_up(tmp)
+        else:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
         raise
     os.close(fd)
 
@@ -126,10 +173,17 @@ def _drop_old_copies(directory: Path) -> None:
 
 
 def _recycled(directory: Path, tmp: Path, size: int) -> bool:
-    """Rename this rank's oldest copy, when it is not the newest and has the size wanted, to
-    `tmp`: its pages are already in RAM, and overwriting them costs no page faults (a fresh file
-    on /dev/shm of 11.3 GB: about 2.8 million of them). The newest copy stays whole meanwhile,
-    as it does while `write_local_copy` writes a new file."""
+    """Rename the spare file (`SPARE_NAME`), else this rank's oldest copy when it is not the
+    newest, when it has the size wanted, to `tmp`: its pages are already in RAM, and
+    overwriting them costs no page faults (a fresh file on /dev/shm of 11.3 GB: about 2.8
+    million of them). The newest copy stays whole meanwhile, as it does while
+    `write_local_copy` writes a new file. A spare of another size is deleted (daemon thread)."""
+    spare = directory / SPARE_NAME
+    with contextlib.suppress(OSError):
+        if spare.stat().st_size == size:
+            os.replace(spare, tmp)
+            return True
+        _delete_later(directory, spare)
     copies = local_copies(directory)
     if len(copies) < LOCAL_KEEP:
         return False
@@ -149,11 +203,14 @@ def publish_local_copy(directory: Path, step: int, identity: str, header: bytes,
     """Like `write_local_copy`, but `fill` writes the `nbytes` of data into the copy's memory
     map itself (a snapshot's device-to-host copy lands there directly,
     rtj_trainer.checkpoint.snapshots). `keep()` is asked before the rename: False leaves no copy
-    (None). The oldest copy's file is reused when it has the size (`_recycled`)."""
+    (None). The spare's or the oldest copy's file is reused when it has the size
+    (`_recycled`); a copy given up (`keep()` False, or `fill` raised) leaves its file as the
+    spare."""
     final, tmp = _names(directory, step, identity)
     size = len(header) + nbytes
     recycled = _recycled(directory, tmp, size)
-    with _temporary(tmp, os.O_RDWR | os.O_CREAT | (0 if recycled else os.O_TRUNC)) as fd:
+    flags = os.O_RDWR | os.O_CREAT | (0 if recycled else os.O_TRUNC)
+    with _temporary(tmp, flags, lambda path: _set_aside(directory, path)) as fd:
         os.ftruncate(fd, size)
         _put(fd, memoryview(header), 0)
         with mmap.mmap(fd, size) as mapped:
@@ -164,8 +221,7 @@ def publish_local_copy(directory: Path, step: int, identity: str, header: bytes,
                 view.release()
         kept = keep()
     if not kept:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        _set_aside(directory, tmp)
         return None
     return _publish(directory, tmp, final)
 
@@ -194,6 +250,6 @@ def discard_local_copies(directory: Path) -> None:
     for copy in local_copies(directory):
         with contextlib.suppress(OSError):
             copy.path.unlink()
-    remove_partial_copies(directory)
+    remove_partial_copies(directory, keep_spare=False)
     with contextlib.suppress(OSError):
         directory.rmdir()
