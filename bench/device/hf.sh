@@ -36,6 +36,8 @@ HF=$PWD/bench/models/llama-1b
 SHAPE=(--set model.num_layers=16 --set model.d_model=2048 --set model.num_heads=16
        --set model.vocab_size=32000 --set model.seq_len=2048)
 HFSET=(--set "model.hf_path=$HF")
+# BOUNCE_MIB=N: checkpoint.snapshot_bounce_mib (the snapshot thread's two page-locked buffers)
+[[ -n ${BOUNCE_MIB:-} ]] && HFSET+=(--set "checkpoint.snapshot_bounce_mib=$BOUNCE_MIB")
 SNAP=(); [[ ${SNAPSHOTS:-0} != 0 ]] && SNAP=(--set "checkpoint.local_interval_steps=$SNAPSHOTS")
 rc=0
 excerpt() {  # the launcher/trainer lines of each run's log, small enough to bring back

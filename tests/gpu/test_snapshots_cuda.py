@@ -16,7 +16,9 @@ import torch
 pytestmark = pytest.mark.gpu
 
 
-def test_a_snapshot_is_of_its_step_while_the_next_steps_change_the_state(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bounce_mib", [64, 7])  # 7: chunks that split tensors unevenly
+def test_a_snapshot_is_of_its_step_while_the_next_steps_change_the_state(
+        tmp_path: Path, bounce_mib: int) -> None:
     from rtj_trainer import checkpoint as ck
     from rtj_trainer.checkpoint import local, snapshots
 
@@ -28,7 +30,8 @@ def test_a_snapshot_is_of_its_step_while_the_next_steps_change_the_state(tmp_pat
     moments = [torch.zeros(8 << 20, device=device, dtype=torch.bfloat16) for _ in range(4)]
     expected = [p.cpu() for p in params] + [m.cpu() for m in moments]
     state = {"params": params, "moments": moments, "step": 7}
-    taker = snapshots.SnapshotTaker(tmp_path, device=device, rank=0)
+    taker = snapshots.SnapshotTaker(tmp_path, device=device, rank=0,
+                                    bounce_bytes=bounce_mib << 20)
     stall = taker.take(7, "a0-l0-i0-1", state)
     assert stall is not None and taker.usable
     for _ in range(20):  # "the next steps": in-place updates on the training stream

@@ -239,6 +239,7 @@ def test_a_snapshot_through_the_device_copy_never_waits_for_a_save_and_is_of_its
     checkpointer = ck.Checkpointer(cfg, root=store, rank=0, world_size=1,
                                    device=torch.device("cpu"), identity="a9")
     assert checkpointer._local is not None and checkpointer._snapshots is not None
+    assert checkpointer._snapshots.bounce_bytes == 64 << 20  # checkpoint.snapshot_bounce_mib
     weights = torch.full((1000,), 1.0)
     try:
         checkpointer.save(10, {"w": weights, "step": 10})

@@ -50,6 +50,7 @@ def test_json_config_files_are_accepted(tmp_path: Path) -> None:
         ([], {"RTJ_CHECKPOINT_KEEP": "0"}, "checkpoint.keep"),
         (["steps"], {}, "expected KEY=VALUE"),
         (["train.min_step_seconds=-1"], {}, "train.min_step_seconds"),
+        (["checkpoint.snapshot_bounce_mib=0"], {}, "checkpoint.snapshot_bounce_mib"),
     ],
 )
 def test_bad_values_raise_an_error_naming_the_field(

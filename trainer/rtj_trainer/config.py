@@ -195,6 +195,12 @@ class CheckpointConfig(_Section):
     Needs free device memory of the rank's shard plus 2 GiB (checked after the first step).
     Without that room, or False: snapshots are staged like saves and written by the writer
     process, and skipped while it is busy."""
+    snapshot_bounce_mib: int = Field(default=64, ge=1, le=4096)
+    """The size of each of the two page-locked buffers a snapshot's copy to `local_dir` goes
+    through (CUDA). Fewer, larger chunks mean fewer turns of the snapshot thread at the GIL
+    beside a busy step loop; each buffer is page-locked once per process. 64 MiB: a 1B model's
+    11.3 GB took over 3.5 s to copy on an H100 (docs/benchmarks.md); which size is faster is
+    not measured yet."""
     resume_from_jobs: tuple[str, ...] = ()
     """Other jobs (`<namespace>/<name>`) whose committed checkpoints in `dir` this job may
     resume (env RTJ_CHECKPOINT_RESUME_FROM_JOBS, comma-separated, from

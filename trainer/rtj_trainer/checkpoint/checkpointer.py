@@ -167,7 +167,8 @@ class Checkpointer(CommitTracking, Resumable):
         self._snapshots: SnapshotTaker | None = None
         """Snapshots through a device-memory copy and a thread (None: through the writer)."""
         if self._local is not None and cfg.local_interval_steps and cfg.snapshot_device_copy:
-            self._snapshots = SnapshotTaker(self._local, device=device, rank=rank)
+            self._snapshots = SnapshotTaker(self._local, device=device, rank=rank,
+                                            bounce_bytes=cfg.snapshot_bounce_mib << 20)
         root.mkdir(parents=True, exist_ok=True)
         self._committer: CommitWorker | None = None
         """Rank 0's commit thread (started at the first save to commit)."""
@@ -324,8 +325,7 @@ class Checkpointer(CommitTracking, Resumable):
     def snapshot_copies(self) -> dict[str, float]:
         """What the snapshot thread (`SnapshotTaker`) did in this process: copies written, the
         newest one's and the longest one's seconds (start to rename); empty without it."""
-        t = self._snapshots
-        if t is None or not t.usable:
+        if (t := self._snapshots) is None or not t.usable:
             return {}
         return {"thread_copies": t.written, "thread_copy_seconds_last": t.last_write_seconds,
                 "thread_copy_seconds_max": t.max_write_seconds}

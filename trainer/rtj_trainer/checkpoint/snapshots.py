@@ -59,7 +59,8 @@ log = logging.getLogger(__name__)
 HEADROOM_BYTES = 2 << 30
 """Device memory left free after the snapshot buffer is allocated."""
 BOUNCE_BYTES = 64 << 20
-"""Each of the two page-locked buffers a snapshot's host copy goes through (CUDA)."""
+"""Each of the two page-locked buffers a snapshot's host copy goes through (CUDA), unless
+`checkpoint.snapshot_bounce_mib` says otherwise."""
 
 
 class _Cancelled(Exception):
@@ -69,10 +70,12 @@ class _Cancelled(Exception):
 class SnapshotTaker:
     """One rank's snapshots through a device-memory copy and a thread (module docstring)."""
 
-    def __init__(self, folder: Path, *, device: torch.device, rank: int) -> None:
+    def __init__(self, folder: Path, *, device: torch.device, rank: int,
+                 bounce_bytes: int = BOUNCE_BYTES) -> None:
         self.folder = folder
         self.device = device
         self.rank = rank
+        self.bounce_bytes = bounce_bytes
         self._buffer: torch.Tensor | None = None
         self.usable: bool | None = None
         """None until `prepare`; False when the device had no room for the buffer."""
@@ -106,8 +109,8 @@ class SnapshotTaker:
                 return False
             self._stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
             if not self._bounce:
-                self._bounce = [torch.empty(BOUNCE_BYTES, dtype=torch.uint8, pin_memory=True)
-                                for _ in range(2)]
+                self._bounce = [torch.empty(self.bounce_bytes, dtype=torch.uint8,
+                                            pin_memory=True) for _ in range(2)]
         else:
             self._buffer = torch.empty(nbytes, dtype=torch.uint8)
         self.usable = True
@@ -201,12 +204,13 @@ class SnapshotTaker:
             done.synchronize()
             target[start:end].copy_(bounce[: end - start])
 
-        for index, start in enumerate(range(0, source.numel(), BOUNCE_BYTES)):
+        chunk = self._bounce[0].numel()
+        for index, start in enumerate(range(0, source.numel(), chunk)):
             if self._cancel.is_set():
                 raise _Cancelled
             if len(inflight) == len(self._bounce):
                 land()
-            end = min(source.numel(), start + BOUNCE_BYTES)
+            end = min(source.numel(), start + chunk)
             bounce = self._bounce[index % len(self._bounce)]
             bounce[: end - start].copy_(source[start:end], non_blocking=True)
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
