@@ -27,6 +27,16 @@ def _write(directory: Path, step: int, identity: str = "a0-l0-i0-1", value: floa
     return local.write_local_copy(directory, step, identity, header, data, threads=2)
 
 
+def _two_copies_and_a_state(directory: Path) -> tuple[bytes, memoryview]:
+    """Copies of steps 10 and 20 in `directory`, and the header and data of a state to publish
+    (w = 3.0)."""
+    _write(directory, 10)
+    _write(directory, 20)
+    skeleton, layout, blob = stage({"w": torch.full((3,), 3.0), "step": 30})
+    return ck.format.encode_header(skeleton, layout, blob.numel()), memoryview(
+        blob.numpy()).cast("B")
+
+
 def test_the_writers_local_copy_is_the_shards_bytes(tmp_path: Path) -> None:
     skeleton, layout, blob = stage({"x": torch.randn(5000), "y": torch.arange(999)})
     shard = tmp_path / "store" / "shard.bin"
@@ -81,11 +91,7 @@ def test_a_killed_writers_temporaries_become_the_spare_or_go_on_a_thread(
 
 def test_a_snapshot_given_up_leaves_its_file_as_the_spare_and_the_next_one_writes_over_it(
         tmp_path: Path) -> None:
-    _write(tmp_path, 10)
-    _write(tmp_path, 20)
-    skeleton, layout, blob = stage({"w": torch.full((3,), 3.0), "step": 30})
-    header = ck.format.encode_header(skeleton, layout, blob.numel())
-    data = memoryview(blob.numpy()).cast("B")
+    header, data = _two_copies_and_a_state(tmp_path)
     inode = local.local_copies(tmp_path)[-1].path.stat().st_ino  # the oldest: 10's
 
     def fill(view: memoryview) -> None:
@@ -284,11 +290,7 @@ def test_a_snapshot_cut_short_leaves_no_copy_and_the_older_ones_stand(
 
 def test_a_published_copy_reuses_the_oldest_copys_file_and_keep_false_publishes_nothing(
         tmp_path: Path) -> None:
-    _write(tmp_path, 10)
-    _write(tmp_path, 20)
-    skeleton, layout, blob = stage({"w": torch.full((3,), 3.0), "step": 30})
-    header = ck.format.encode_header(skeleton, layout, blob.numel())
-    data = memoryview(blob.numpy()).cast("B")
+    header, data = _two_copies_and_a_state(tmp_path)
 
     def fill(view: memoryview) -> None:
         view[:] = data
