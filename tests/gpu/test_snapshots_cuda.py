@@ -51,11 +51,14 @@ def test_a_snapshot_is_of_its_step_while_the_next_steps_change_the_state(
 
 
 def test_without_room_in_device_memory_no_buffer_is_taken(tmp_path: Path) -> None:
-    from rtj_trainer.checkpoint import snapshots
+    from rtj_trainer.checkpoint import local, snapshots
 
     device = torch.device("cuda", torch.cuda.current_device())
     free, _ = torch.cuda.mem_get_info(device)
+    spare = tmp_path / local.SPARE_NAME  # left by a snapshot given up
+    spare.write_bytes(b"x")
     taker = snapshots.SnapshotTaker(tmp_path, device=device, rank=0)
     assert not taker.prepare(free)  # the buffer itself fits, its headroom does not
     assert taker.usable is False
+    assert not spare.exists()  # nothing would write over it: deleted (on a thread)
     assert taker.take(1, "a0", {"w": torch.zeros(1, device=device)}) is None

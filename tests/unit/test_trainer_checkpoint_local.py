@@ -85,8 +85,33 @@ def test_a_killed_writers_temporaries_become_the_spare_or_go_on_a_thread(
     (tmp_path / ".step-000000040.a0-l0-i0-1.bin.tmp-9").write_bytes(b"w")
     local.remove_partial_copies(tmp_path)  # a spare is there already: the new one goes
     _only(tmp_path, [copy, local.SPARE_NAME])
+    local.drop_spare(tmp_path)  # no snapshot thread will write over it (no device memory)
+    assert not (tmp_path / local.SPARE_NAME).exists()
+    _only(tmp_path, [copy])
+    (tmp_path / local.SPARE_NAME).write_bytes(b"s")
     local.discard_local_copies(tmp_path)  # the job finished: nothing is left, at once
     assert not tmp_path.exists()
+
+
+def test_without_the_snapshot_thread_no_spare_is_kept(tmp_path: Path) -> None:
+    """Snapshots through the writer process (`checkpoint.snapshot_device_copy` off) never write
+    over a spare: a temporary left by a killed writer is deleted, as is a spare from before."""
+    store = tmp_path / "store"
+    cfg = CheckpointConfig(dir=str(store), interval_steps=10, local_dir=str(tmp_path / "shm"),
+                           local_interval_steps=5, snapshot_device_copy=False)
+    folder = local.local_copy_dir(tmp_path / "shm", store, 0, 1)
+    folder.mkdir(parents=True)
+    (folder / ".step-000000020.a0-l0-i0-1.bin.tmp-7").write_bytes(b"half")
+    (folder / local.SPARE_NAME).write_bytes(b"old")
+    checkpointer = ck.Checkpointer(cfg, root=store, rank=0, world_size=1,
+                                   device=torch.device("cpu"), identity="a9")
+    try:
+        assert checkpointer._snapshots is None
+        assert list(folder.iterdir()) == []
+    finally:
+        checkpointer.close()
+    with_thread = cfg.model_copy(update={"snapshot_device_copy": True})
+    assert with_thread.snapshots_by_thread and not cfg.snapshots_by_thread
 
 
 def test_a_snapshot_given_up_leaves_its_file_as_the_spare_and_the_next_one_writes_over_it(

@@ -161,12 +161,12 @@ class Checkpointer(CommitTracking, Resumable):
         self._local: Path | None = None
         if cfg.local_dir:
             self._local = local_copy_dir(Path(cfg.local_dir), root, rank, world_size)
-            remove_partial_copies(self._local)  # no writer of this rank runs yet
+            remove_partial_copies(self._local, keep_spare=cfg.snapshots_by_thread)
         self._allocating: threading.Thread | None = None
         """The staging buffer's allocation, started by `prepare` (`_staging_allocated`)."""
         self._snapshots: SnapshotTaker | None = None
         """Snapshots through a device-memory copy and a thread (None: through the writer)."""
-        if self._local is not None and cfg.local_interval_steps and cfg.snapshot_device_copy:
+        if self._local is not None and cfg.snapshots_by_thread:
             self._snapshots = SnapshotTaker(self._local, device=device, rank=rank,
                                             bounce_bytes=cfg.snapshot_bounce_mib << 20)
         root.mkdir(parents=True, exist_ok=True)

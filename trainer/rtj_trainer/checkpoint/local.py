@@ -76,7 +76,8 @@ def remove_partial_copies(directory: Path, *, keep_spare: bool = True) -> None:
     """Clear the temporaries left by a writer that died mid-copy (call while no writer runs):
     one is kept as the spare file (`SPARE_NAME`) unless there is one already, the others are
     deleted on a daemon thread, off the restart's critical path. `keep_spare=False` (the job
-    finished): every one, the spare too, is deleted before this returns."""
+    finished, or no snapshot thread would write over a spare): every one, the spare too, is
+    deleted before this returns."""
     spare = directory / SPARE_NAME
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(directory):
@@ -89,6 +90,12 @@ def remove_partial_copies(directory: Path, *, keep_spare: bool = True) -> None:
                     os.replace(entry.path, spare)
                 else:
                     _delete_later(directory, Path(entry.path))
+
+
+def drop_spare(directory: Path) -> None:
+    """Delete the spare file on a daemon thread (no snapshot thread will write over it)."""
+    if (directory / SPARE_NAME).exists():
+        _delete_later(directory, directory / SPARE_NAME)
 
 
 def _set_aside(directory: Path, tmp: Path) -> None:

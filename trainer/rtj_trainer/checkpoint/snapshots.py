@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from .format import WRITE_CHUNK_BYTES, encode_header
-from .local import publish_local_copy
+from .local import drop_spare, publish_local_copy
 from .staging import flatten_state, plan_layout, tensor_views
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,7 @@ class SnapshotTaker:
 
     def _refuse(self, why: str) -> None:
         self.usable = False
+        drop_spare(self.folder)  # the writer process makes new files
         log.warning("node-local snapshots are staged like saves (no room for a copy in device "
                     "memory: %s)", why, extra={"rank": self.rank})
 
