@@ -82,8 +82,8 @@ class Campaign(FaultKinds):
             result.detail["error"] = f"{type(error).__name__}: {error}"
         finally:
             self.after(fault, result)
-        analyse_fault(result, self.records(plan.name), commits)
         if result.kind not in CONTROL_PLANE_KINDS:  # those: at the job's end (run_job)
+            analyse_fault(result, self.records(plan.name), commits)
             self.report(result)
         return result
 
