@@ -201,6 +201,7 @@ class CheckpointConfig(_Section):
     beside a busy step loop; each buffer is page-locked once per process. 64 MiB: a 1B model's
     11.3 GB took over 3.5 s to copy on an H100 (docs/benchmarks.md); which size is faster is
     not measured yet."""
+
     @property
     def snapshots_by_thread(self) -> bool:
         """Snapshots through the device copy and the trainer's thread (rtj_trainer.checkpoint.

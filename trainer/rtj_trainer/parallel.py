@@ -398,11 +398,11 @@ def live_views(
 ) -> dict[str, Any] | None:
     """The model and optimizer parts (and the sharding) of a `local_state()` result, if every
     tensor in them shares its memory with a parameter, buffer or optimizer-state tensor of this
-    rank and every other
-    value in them is either the optimizer's hyperparameters (`param_groups`, which `live_state`
-    reads afresh) or none at all; None otherwise (a copy would show a stale state). Kept by an
-    attempt so that an in-process restart can stage the state it was interrupted in, with no
-    collective and no process group (rtj_trainer.trainer `Trainer.offer_live_state`)."""
+    rank and every other value in them is either the optimizer's hyperparameters
+    (`param_groups`, which `live_state` reads afresh) or none at all; None otherwise (a copy
+    would show a stale state). Kept by an attempt so that an in-process restart can stage the
+    state it was interrupted in, with no collective and no process group
+    (rtj_trainer.trainer `Trainer.offer_live_state`)."""
     live: set[int] = set()
     for tensor in [*model.parameters(), *model.buffers()]:
         live.add(_local_storage(tensor))
