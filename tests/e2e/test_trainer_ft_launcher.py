@@ -268,6 +268,38 @@ def test_inprocess_restart_catches_a_hang_by_its_soft_timeout(tmp_path: Path) ->
     assert "resumed from step-000000007" in out and "from the training state at the fault" in out
 
 
+def test_a_hang_is_caught_by_the_timeout_learned_from_the_steps(tmp_path: Path) -> None:
+    """With the learned hang timeout on (rtj_trainer.hangwatch; on by default on CUDA only) and
+    NVRx's own soft timeout at 30 s, one rank that stops making progress at step 8 is restarted
+    in place by the watch (it times steps 2-7, then any step past max(8 s, 5 x the longest)):
+    its log line and NVRx's soft-timeout record, one in-process restart and no other (no false
+    hang in the 29 other steps), the state after step 7 kept. The floor is high for a CPU: steps
+    of this run took up to 3 s on a loaded 2-core host, which is why the timeout is off on CPU
+    by default."""
+    out = _run(tmp_path, faults="8:0:hang",
+               extra_env={"RTJ_INPROCESS_RESTART": "1", "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "120",
+                          "RTJ_NPROC_PER_NODE": "1"},
+               args=("--set", "resiliency.inprocess_soft_timeout_seconds=30",
+                     "--set", "resiliency.learned_hang_timeout=true",
+                     "--set", "resiliency.hang_timeout_learn_steps=3",
+                     "--set", "resiliency.hang_timeout_floor_seconds=8"))
+    summary = _summary(out)
+    assert summary["restarts"] == {"inprocess": 1, "launcher": 0, "pod": 0}
+    found = re.search(r"no progress for ([\d.]+) s in a step \(learned hang timeout ([\d.]+) s",
+                      out)
+    assert found, out[-3000:]
+    assert float(found.group(1)) > float(found.group(2)) >= 8.0, found.group(0)
+    learned = summary["learned_hang_timeout"]
+    assert learned["reported"] == 1 and learned["seconds"] >= 8.0, learned
+    # Steps 2-7 of the first attempt, 9-30 of the second (its first step, 8, is not timed).
+    assert learned["steps_timed"] == 6 + 22, learned
+    assert "Interruption.SOFT_TIMEOUT" in out
+    losses = _losses(tmp_path)
+    assert len({e["pid"] for e in losses}) == 1
+    assert [e["step"] for e in losses] == list(range(1, STEPS + 1))
+    assert "resumed from step-000000007" in out and "from the training state at the fault" in out
+
+
 @pytest.mark.parametrize("startup_timeout", [None, 4])
 def test_a_slow_first_step_is_not_taken_for_a_hang_but_a_slow_later_step_is(
     tmp_path: Path, startup_timeout: int | None

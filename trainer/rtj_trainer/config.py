@@ -262,6 +262,17 @@ class ResiliencyConfig(_Section):
     inprocess_max_restarts: int = Field(default=5, ge=0)
     inprocess_soft_timeout_seconds: float | None = Field(default=None, gt=0)
     """Hang guard of the in-process wrapper; default: heartbeat_timeout_seconds / 2."""
+    learned_hang_timeout: bool | None = None
+    """Restart a rank in place when one step outlasts a timeout learned from the steps seen
+    (rtj_trainer.hangwatch): `hang_timeout_factor` x the longest recent step, at least
+    `hang_timeout_floor_seconds`, once `hang_timeout_learn_steps` steps were timed; NVRx's soft
+    timeout stays as the backstop. Needs in-process restart. None (default): on for CUDA
+    devices with in-process restart, off on CPU, whose shared cores make steps irregular."""
+    hang_timeout_floor_seconds: float = Field(default=2.0, gt=0)
+    """The learned hang timeout is never shorter than this."""
+    hang_timeout_factor: float = Field(default=5.0, ge=1)
+    hang_timeout_learn_steps: int = Field(default=20, ge=1)
+    """Steps timed (after each attempt's first) before the learned hang timeout applies."""
     inprocess_startup_timeout_seconds: float | None = Field(default=None, gt=0)
     """The in-process wrapper's hang guard while an attempt starts: from entering the training
     function (process group, model, checkpoint load) to the end of its first step, whose

@@ -59,6 +59,7 @@ from .carry import CarryOver
 from .checkpoint import ProcessWriter, close_interrupted, stage_offered
 from .config import Config, ConfigError
 from .errors import FatalError
+from .hangwatch import HangWatch, LearnedTimeout
 from .launchenv import LaunchEnvironment, launch_environment
 from .nvrx import inprocess, monitor
 from .nvrx import store as wrapper_store
@@ -82,6 +83,7 @@ class Session:
         wrapper: WrapperHandle | None = None,
         store: Store | None = None,
         startup: StartupAllowance | None = None,
+        hang_watch: HangWatch | None = None,
     ) -> None:
         self._resiliency = resiliency
         self.iteration = iteration
@@ -90,6 +92,7 @@ class Session:
         """What this process's attempts hand on to each other (rtj_trainer.carry)."""
         self._store = store
         self._startup = startup
+        self._hang_watch = hang_watch
         self.launch = launch_environment()
         self.last_heartbeat = 0.0
 
@@ -138,6 +141,23 @@ class Session:
                 if started and client.is_initialized:
                     client.end_section(name)
 
+    def learned_hang_timeout(self) -> dict[str, float | int] | None:
+        """What the learned hang timeout knows now (the summary); None when it is off."""
+        learned = self._resiliency.learned_timeout
+        if learned is None:
+            return None
+        timeout = learned.seconds()
+        return {"seconds": round(timeout, 3) if timeout is not None else 0.0,
+                "steps_timed": learned.observed, "longest_step": round(learned.longest(), 4),
+                "reported": self._resiliency.hangs_reported}
+
+    def watched_step(self) -> contextlib.AbstractContextManager[None]:
+        """One stretch of the step loop that the learned hang timeout times
+        (rtj_trainer.hangwatch); nothing when it is off."""
+        if self._hang_watch is None:
+            return contextlib.nullcontext()
+        return self._hang_watch.stretch()
+
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
         """Code the in-process wrapper must not interrupt halfway (e.g. staging a checkpoint)."""
@@ -159,6 +179,8 @@ class Session:
         them on again (`Resiliency.hang_protection_back_on`)."""
         with self._resiliency._client_lock:
             self._resiliency.leave_rank_monitor()
+        if self._hang_watch is not None:
+            self._hang_watch.close()
         if self._startup is not None:
             # An attempt that resumed at the last step ran none: its start-up timer must not
             # switch the timeouts on again on the way out.
@@ -220,6 +242,23 @@ class Resiliency:
         if spares and not cfg.resiliency.inprocess_restart:
             raise ConfigError("resiliency.spare_nodes: warm spares need resiliency.inprocess_"
                               "restart (they take over inside the in-process wrapper's world)")
+        self.hangs_reported = 0
+        """Hangs this process's learned hang timeout reported (restarts it began)."""
+        self.learned_timeout: LearnedTimeout | None = None
+        """The steps this process timed for the learned hang timeout, kept across its in-process
+        attempts (rtj_trainer.hangwatch); None when that timeout is off."""
+        res = cfg.resiliency
+        if res.learned_hang_timeout and not res.inprocess_restart:
+            raise ConfigError("resiliency.learned_hang_timeout: the learned hang timeout restarts "
+                              "a rank in place, which needs resiliency.inprocess_restart")
+        learned = res.learned_hang_timeout
+        if learned is None:
+            learned = (res.inprocess_restart and cfg.train.device != "cpu"
+                       and torch.cuda.is_available())
+        if learned:
+            self.learned_timeout = LearnedTimeout(floor=res.hang_timeout_floor_seconds,
+                                                  factor=res.hang_timeout_factor,
+                                                  learn_steps=res.hang_timeout_learn_steps)
         if self.active_world_size < 1:
             raise ConfigError(
                 f"resiliency.spare_nodes: {spares} spare launchers of {launch.local_world_size} "
@@ -329,12 +368,16 @@ class Resiliency:
             startup = StartupAllowance(wrapper, seconds=self._startup_timeout() - soft,
                                        rank=self.launch.rank)
             startup.begin()
+            watch = None
+            if self.learned_timeout is not None:
+                watch = HangWatch(self.learned_timeout, lambda _q, _l: self._report_hang(wrapper),
+                                  rank=self.launch.rank).start()
             self.resume_rank_monitor()
             store = PrefixStore(f"rtj-iteration-{iteration}", self._application_store())
             timeline.mark("session")
             try:
                 return train(Session(self, iteration=iteration, wrapper=wrapper, store=store,
-                                     startup=startup))
+                                     startup=startup, hang_watch=watch))
             except FatalError:
                 raise  # ends the wrapper (inprocess.run's `fatal`)
             except BaseException as exc:
@@ -347,6 +390,8 @@ class Resiliency:
             finally:
                 # The wrapper keeps the monitor's setting across iterations: never leave it off.
                 startup.end()
+                if watch is not None:
+                    watch.close()
 
         if listener is not None:
             listener.start()
@@ -362,6 +407,10 @@ class Resiliency:
         finally:
             if listener is not None:
                 listener.stop()
+
+    def _report_hang(self, wrapper: WrapperHandle) -> None:
+        self.hangs_reported += 1
+        wrapper.report_hang()
 
     def _cut_gloo(self) -> None:
         if cut := self.carry.gloo.cut():

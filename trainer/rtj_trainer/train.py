@@ -75,8 +75,9 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
         STOP.arm()  # from now on a SIGTERM asks for a checkpoint, then a stop
         for step in range(trainer.current_step + 1, cfg.train.steps + 1):
             step_began = time.monotonic()
-            injector.maybe_fire(step)
-            trainer.step(step)
+            with session.watched_step():  # the learned hang timeout (rtj_trainer.hangwatch)
+                injector.maybe_fire(step)
+                trainer.step(step)
             if trainer.checkpoint_due(step):
                 trainer.save(step, fail=injector.write_fault(step))
             elif trainer.local_snapshot_due(step):

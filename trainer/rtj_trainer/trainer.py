@@ -442,6 +442,7 @@ class Trainer:
             "attempt_checkpoint_stall_seconds_max": round(self.stall_seconds_max, 4),
             "attempt_snapshots": {k: round(v, 4) for k, v in (
                 self.snapshots | self.checkpointer.snapshot_copies()).items()},
+            "learned_hang_timeout": self.session.learned_hang_timeout(),
         }
 
     def newest_commit(self) -> tuple[int | None, float | None, Path | None]:

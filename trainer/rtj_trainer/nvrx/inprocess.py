@@ -20,7 +20,9 @@ Patches (NVRx 0.7.0 behaviour → what we need → cost measured), declared in `
    report R3 in docs/nvrx.md.
 
 Private attributes used: `CallWrapper._disable_hang_protection` / `_enable_hang_protection`
-(`WrapperHandle.hang_protection`), guarded with `CallWrapper` itself.
+(`WrapperHandle.hang_protection`), guarded with `CallWrapper` itself; `CallWrapper.monitor_process`
+and its `record_interrupted` (`WrapperHandle.report_hang`, the learned hang timeout), guarded
+with `MonitorProcess` and the store's `record_interrupted`.
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ PATCHES = (
     Patch("hang protection switched off and on",
           "the start-up allowance and the end of training switch the wrapper's timeouts",
           (Target(f"{_IP}.wrap:CallWrapper", "6b2b34f13ce80082"),)),
+    Patch("a learned hang timeout reports a soft timeout",
+          "the wrapper's soft timeout is fixed when it is built; rtj_trainer.hangwatch records "
+          "the same interruption through the wrapper's monitor process",
+          (Target(f"{_IP}.monitor_process:MonitorProcess", "23727cc51d83c5f6"),
+           Target(f"{_IP}.store:StoreMixin.record_interrupted", "f5117e00093323f6"))),
 )
 
 
@@ -95,6 +102,17 @@ class WrapperHandle:
         """Code the wrapper must not interrupt halfway (e.g. staging a checkpoint)."""
         with self._call_wrapper.atomic():
             yield
+
+    def report_hang(self) -> None:
+        """Record a soft-timeout interruption of this rank, as NVRx's monitor process does when
+        its own soft timeout expires: every rank's monitor thread then restarts its attempt in
+        place (the learned hang timeout, rtj_trainer.hangwatch). Through the wrapper's
+        `monitor_process` (an attribute of NVRx's, guarded in `PATCHES`)."""
+        from nvidia_resiliency_ext.inprocess.attribution import Interruption, InterruptionRecord
+
+        call_wrapper = self._call_wrapper
+        call_wrapper.monitor_process.record_interrupted(
+            [InterruptionRecord(call_wrapper.state.rank, Interruption.SOFT_TIMEOUT)])
 
     def hang_protection(self, on: bool) -> None:
         """Switch the wrapper's soft and hard timeouts (NVRx's own switch for long sections; the
