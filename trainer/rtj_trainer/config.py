@@ -264,13 +264,18 @@ class ResiliencyConfig(_Section):
     """Hang guard of the in-process wrapper; default: heartbeat_timeout_seconds / 2."""
     learned_hang_timeout: bool | None = None
     """Restart a rank in place when one step outlasts a timeout learned from the steps seen
-    (rtj_trainer.hangwatch): `hang_timeout_factor` x the longest recent step, at least
-    `hang_timeout_floor_seconds`, once `hang_timeout_learn_steps` steps were timed; NVRx's soft
-    timeout stays as the backstop. Needs in-process restart. None (default): on for CUDA
-    devices with in-process restart, off on CPU, whose shared cores make steps irregular."""
+    (rtj_trainer.hangwatch): the largest of `hang_timeout_floor_seconds`,
+    `hang_timeout_factor` x the typical (median) recent step and
+    `hang_timeout_longest_factor` x the longest, once `hang_timeout_learn_steps` steps were
+    timed; NVRx's soft timeout stays as the backstop. Needs in-process restart. None (default):
+    on for CUDA devices with in-process restart, off on CPU, whose shared cores make steps
+    irregular."""
     hang_timeout_floor_seconds: float = Field(default=2.0, gt=0)
     """The learned hang timeout is never shorter than this."""
     hang_timeout_factor: float = Field(default=5.0, ge=1)
+    """Times the typical (median) recent step."""
+    hang_timeout_longest_factor: float = Field(default=2.0, ge=1)
+    """Times the longest recent step."""
     hang_timeout_learn_steps: int = Field(default=20, ge=1)
     """Steps timed (after each attempt's first) before the learned hang timeout applies."""
     inprocess_startup_timeout_seconds: float | None = Field(default=None, gt=0)

@@ -148,7 +148,8 @@ class Session:
             return None
         timeout = learned.seconds()
         return {"seconds": round(timeout, 3) if timeout is not None else 0.0,
-                "steps_timed": learned.observed, "longest_step": round(learned.longest(), 4),
+                "steps_timed": learned.observed, "typical_step": round(learned.typical(), 4),
+                "longest_step": round(learned.longest(), 4),
                 "reported": self._resiliency.hangs_reported}
 
     def watched_step(self) -> contextlib.AbstractContextManager[None]:
@@ -258,6 +259,7 @@ class Resiliency:
         if learned:
             self.learned_timeout = LearnedTimeout(floor=res.hang_timeout_floor_seconds,
                                                   factor=res.hang_timeout_factor,
+                                                  longest_factor=res.hang_timeout_longest_factor,
                                                   learn_steps=res.hang_timeout_learn_steps)
         if self.active_world_size < 1:
             raise ConfigError(
