@@ -370,14 +370,15 @@ class Resiliency:
             startup = StartupAllowance(wrapper, seconds=self._startup_timeout() - soft,
                                        rank=self.launch.rank)
             startup.begin()
-            watch = None
-            if self.learned_timeout is not None:
-                watch = HangWatch(self.learned_timeout, lambda _q, _l: self._report_hang(wrapper),
-                                  rank=self.launch.rank).start()
-            self.resume_rank_monitor()
-            store = PrefixStore(f"rtj-iteration-{iteration}", self._application_store())
-            timeline.mark("session")
+            watch: HangWatch | None = None
             try:
+                self.resume_rank_monitor()
+                store = PrefixStore(f"rtj-iteration-{iteration}", self._application_store())
+                timeline.mark("session")
+                if self.learned_timeout is not None:
+                    watch = HangWatch(self.learned_timeout,
+                                      lambda _q, _l: self._report_hang(wrapper),
+                                      rank=self.launch.rank).start()
                 return train(Session(self, iteration=iteration, wrapper=wrapper, store=store,
                                      startup=startup, hang_watch=watch))
             except FatalError:
