@@ -3,8 +3,10 @@ reports a step outlasting it once, never a step within it, never the first step 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from rtj_trainer.hangwatch import HangWatch, LearnedTimeout
@@ -55,6 +57,16 @@ class Reports:
         self.event.set()
 
 
+@contextlib.contextmanager
+def _watching(learned: LearnedTimeout, reports: Reports) -> Iterator[HangWatch]:
+    """One attempt's watch, closed at the end."""
+    watch = HangWatch(learned, reports, rank=0, tick=0.01).start()
+    try:
+        yield watch
+    finally:
+        watch.close()
+
+
 def _steps(watch: HangWatch, n: int, seconds: float) -> None:
     for _ in range(n):
         with watch.stretch():
@@ -64,8 +76,7 @@ def _steps(watch: HangWatch, n: int, seconds: float) -> None:
 def test_a_step_past_the_learned_timeout_is_reported_once_and_short_ones_never() -> None:
     learned = LearnedTimeout(floor=0.3, factor=3, learn_steps=3)
     reports = Reports()
-    watch = HangWatch(learned, reports, rank=0, tick=0.01).start()
-    try:
+    with _watching(learned, reports) as watch:
         _steps(watch, 6, 0.01)  # the first is not timed, the others teach the timeout
         assert learned.observed == 5 and learned.seconds() == 0.3
         assert reports.calls == []
@@ -76,29 +87,21 @@ def test_a_step_past_the_learned_timeout_is_reported_once_and_short_ones_never()
         _steps(watch, 1, 0.5)  # once per attempt: the restart is already under way
         assert len(reports.calls) == 1
         assert learned.observed == 5  # the hung step taught nothing
-    finally:
-        watch.close()
 
 
 def test_the_first_step_of_each_attempt_and_steps_before_learning_are_not_timed() -> None:
     learned = LearnedTimeout(floor=0.1, factor=2, learn_steps=2)
     reports = Reports()
-    first = HangWatch(learned, reports, rank=0, tick=0.01).start()
-    try:
+    with _watching(learned, reports) as first:
         _steps(first, 1, 0.3)  # the attempt's first step: slow, not timed, not learned
         _steps(first, 2, 0.01)  # learning: not timed
         assert learned.observed == 2 and reports.calls == []
-    finally:
-        first.close()
     # The next attempt of the process keeps what was learned, but its first step is free again.
-    second = HangWatch(learned, reports, rank=0, tick=0.01).start()
-    try:
+    with _watching(learned, reports) as second:
         _steps(second, 1, 0.3)
         assert reports.calls == []
         _steps(second, 1, 0.3)
         assert len(reports.calls) == 1
-    finally:
-        second.close()
 
 
 def test_a_closed_watch_times_nothing() -> None:

@@ -196,11 +196,9 @@ class CheckpointConfig(_Section):
     Without that room, or False: snapshots are staged like saves and written by the writer
     process, and skipped while it is busy."""
     snapshot_bounce_mib: int = Field(default=64, ge=1, le=4096)
-    """The size of each of the two page-locked buffers a snapshot's copy to `local_dir` goes
-    through (CUDA). Fewer, larger chunks mean fewer turns of the snapshot thread at the GIL
-    beside a busy step loop; each buffer is page-locked once per process. 64 MiB: a 1B model's
-    11.3 GB took over 3.5 s to copy on an H100 (docs/benchmarks.md); which size is faster is
-    not measured yet."""
+    """The size of each of the two page-locked buffers (pinned once per process) a snapshot's
+    copy to `local_dir` goes through (CUDA); 64 and 256 MiB copied equally fast on one H200
+    (bench/device/shmcopy.py, docs/benchmarks.md)."""
 
     @property
     def snapshots_by_thread(self) -> bool:
@@ -263,21 +261,14 @@ class ResiliencyConfig(_Section):
     inprocess_soft_timeout_seconds: float | None = Field(default=None, gt=0)
     """Hang guard of the in-process wrapper; default: heartbeat_timeout_seconds / 2."""
     learned_hang_timeout: bool | None = None
-    """Restart a rank in place when one step outlasts a timeout learned from the steps seen
-    (rtj_trainer.hangwatch): the largest of `hang_timeout_floor_seconds`,
-    `hang_timeout_factor` x the typical (median) recent step and
-    `hang_timeout_longest_factor` x the longest, once `hang_timeout_learn_steps` steps were
-    timed; NVRx's soft timeout stays as the backstop. Needs in-process restart. None (default):
-    on for CUDA devices with in-process restart, off on CPU, whose shared cores make steps
-    irregular."""
+    """Restart a rank in place when one step outlasts the largest of the floor, `factor` x the
+    median and `longest_factor` x the longest recent step, once `learn_steps` steps were timed
+    (rtj_trainer.hangwatch; NVRx's soft timeout stays the backstop). Needs in-process restart.
+    None: on for CUDA with in-process restart, off on CPU (shared cores: irregular steps)."""
     hang_timeout_floor_seconds: float = Field(default=2.0, gt=0)
-    """The learned hang timeout is never shorter than this."""
     hang_timeout_factor: float = Field(default=5.0, ge=1)
-    """Times the typical (median) recent step."""
     hang_timeout_longest_factor: float = Field(default=2.0, ge=1)
-    """Times the longest recent step."""
     hang_timeout_learn_steps: int = Field(default=20, ge=1)
-    """Steps timed (after each attempt's first) before the learned hang timeout applies."""
     inprocess_startup_timeout_seconds: float | None = Field(default=None, gt=0)
     """The in-process wrapper's hang guard while an attempt starts: from entering the training
     function (process group, model, checkpoint load) to the end of its first step, whose

@@ -54,6 +54,8 @@ class LearnedTimeout:
         self._recent: deque[float] = deque(maxlen=window)
         self.observed = 0
         """Stretches seen in all (not only the window)."""
+        self.reported = 0
+        """Hangs reported by this process's watches."""
 
     def observe(self, seconds: float) -> None:
         self._recent.append(seconds)
@@ -75,6 +77,13 @@ class LearnedTimeout:
 
     def longest(self) -> float:
         return max(self._recent, default=0.0)
+
+    def summary(self) -> dict[str, float | int]:
+        """What the trainer's summary shows (`learned_hang_timeout`)."""
+        timeout = self.seconds()
+        return {"seconds": round(timeout, 3) if timeout is not None else 0.0,
+                "steps_timed": self.observed, "typical_step": round(self.typical(), 4),
+                "longest_step": round(self.longest(), 4), "reported": self.reported}
 
 
 class HangWatch:
@@ -139,6 +148,7 @@ class HangWatch:
                 if quiet <= limit:
                     continue
                 self.reported = (quiet, limit)
+                self.learned.reported += 1
             learned = self.learned
             log.warning("no progress for %.2f s in a step (learned hang timeout %.2f s from the "
                         "last %d steps: typical %.3f s x %.1f, longest %.3f s x %.1f, floor "

@@ -144,13 +144,7 @@ class Session:
     def learned_hang_timeout(self) -> dict[str, float | int] | None:
         """What the learned hang timeout knows now (the summary); None when it is off."""
         learned = self._resiliency.learned_timeout
-        if learned is None:
-            return None
-        timeout = learned.seconds()
-        return {"seconds": round(timeout, 3) if timeout is not None else 0.0,
-                "steps_timed": learned.observed, "typical_step": round(learned.typical(), 4),
-                "longest_step": round(learned.longest(), 4),
-                "reported": self._resiliency.hangs_reported}
+        return learned.summary() if learned is not None else None
 
     def watched_step(self) -> contextlib.AbstractContextManager[None]:
         """One stretch of the step loop that the learned hang timeout times
@@ -243,8 +237,6 @@ class Resiliency:
         if spares and not cfg.resiliency.inprocess_restart:
             raise ConfigError("resiliency.spare_nodes: warm spares need resiliency.inprocess_"
                               "restart (they take over inside the in-process wrapper's world)")
-        self.hangs_reported = 0
-        """Hangs this process's learned hang timeout reported (restarts it began)."""
         self.learned_timeout: LearnedTimeout | None = None
         """The steps this process timed for the learned hang timeout, kept across its in-process
         attempts (rtj_trainer.hangwatch); None when that timeout is off."""
@@ -377,7 +369,7 @@ class Resiliency:
                 timeline.mark("session")
                 if self.learned_timeout is not None:
                     watch = HangWatch(self.learned_timeout,
-                                      lambda _q, _l: self._report_hang(wrapper),
+                                      lambda _q, _l: wrapper.report_hang(),
                                       rank=self.launch.rank).start()
                 return train(Session(self, iteration=iteration, wrapper=wrapper, store=store,
                                      startup=startup, hang_watch=watch))
@@ -410,10 +402,6 @@ class Resiliency:
         finally:
             if listener is not None:
                 listener.stop()
-
-    def _report_hang(self, wrapper: WrapperHandle) -> None:
-        self.hangs_reported += 1
-        wrapper.report_hang()
 
     def _cut_gloo(self) -> None:
         if cut := self.carry.gloo.cut():
