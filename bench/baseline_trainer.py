@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from rtj_trainer import parallel
-from rtj_trainer.config import build_config
+from rtj_trainer.configload import build_config
 from rtj_trainer.data import TokenBatches
 from rtj_trainer.faults import FaultInjector
 from torch.distributed.checkpoint.state_dict import (

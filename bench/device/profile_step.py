@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 from rtj_trainer import parallel
-from rtj_trainer.config import build_config
+from rtj_trainer.configload import build_config
 from rtj_trainer.data import TokenBatches
 from torch.distributed.device_mesh import init_device_mesh
 from torch.profiler import ProfilerActivity, profile

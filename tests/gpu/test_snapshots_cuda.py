@@ -57,7 +57,7 @@ def test_without_room_in_device_memory_no_buffer_is_taken(tmp_path: Path) -> Non
     free, _ = torch.cuda.mem_get_info(device)
     spare = tmp_path / local.SPARE_NAME  # left by a snapshot given up
     spare.write_bytes(b"x")
-    taker = snapshots.SnapshotTaker(tmp_path, device=device, rank=0)
+    taker = snapshots.SnapshotTaker(tmp_path, device=device, rank=0, bounce_bytes=64 << 20)
     assert not taker.prepare(free)  # the buffer itself fits, its headroom does not
     assert taker.usable is False
     assert not spare.exists()  # nothing would write over it: deleted (on a thread)

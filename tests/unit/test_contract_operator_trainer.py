@@ -6,7 +6,7 @@ real output into the other side's real input, so a renamed variable or metric fa
 than only in e2e, and check that neither side spells a wire name by hand:
 
 - the environment: `trainerenv.trainer_env` writes the `RTJ_*` variables, and
-  `rtj_trainer.config.build_config(env=...)` reads them (docs/design.md);
+  `rtj_trainer.configload.build_config(env=...)` reads them (docs/design.md);
 - the metrics: `rtj_trainer.metrics.TrainerMetrics` renders a rank's Prometheus page, the launcher
   shim turns it into the `/ranks` document, and `rtj_operator.scraping` reads both back;
 - the lost-pods verdict and the termination message, end to end through both sides.
@@ -29,7 +29,7 @@ from rtj_operator.api.models import parse_job
 from rtj_operator.config import OperatorSettings
 from rtj_operator.podplan import plan_for
 from rtj_operator.scraping import rank_sample_from_text
-from rtj_trainer.config import build_config
+from rtj_trainer.configload import build_config
 from rtj_trainer.metrics import Snapshot, TrainerMetrics
 
 pytestmark = pytest.mark.unit
@@ -238,7 +238,7 @@ def test_the_path_and_the_fatal_exit_code_agree_on_both_sides() -> None:
 def test_every_variable_the_operator_sets_for_the_trainer_is_named_in_the_wire() -> None:
     """Every `RTJ_*` variable of a trainer pod is a name of rtj_wire.env, and the trainer's
     configuration reads each one it maps (none spelled by hand on either side)."""
-    from rtj_trainer import config as trainer_config
+    from rtj_trainer import configload as trainer_config
     from rtj_wire import env as wire_env
 
     names = {value for key, value in vars(wire_env).items() if key.isupper()}

@@ -304,7 +304,8 @@ def test_a_snapshot_cut_short_leaves_no_copy_and_the_older_ones_stand(
     folder = tmp_path / "shm"
     _write(folder, 10)
     monkeypatch.setattr(snapshots, "WRITE_CHUNK_BYTES", 1)  # a million chunks: seconds
-    taker = snapshots.SnapshotTaker(folder, device=torch.device("cpu"), rank=0)
+    taker = snapshots.SnapshotTaker(folder, device=torch.device("cpu"), rank=0,
+                                    bounce_bytes=64 << 20)
     stall = taker.take(20, "a0-l0-i0-1", {"w": torch.zeros(1 << 18), "step": 20})
     assert stall is not None and not taker.ready()
     taker.close()

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 from checkpoint_helpers import save_checkpoint, stage
 from rtj_trainer import checkpoint as ck
-from rtj_trainer.config import CheckpointConfig, build_config
+from rtj_trainer.config import CheckpointConfig
+from rtj_trainer.configload import build_config
 from rtj_trainer.errors import ForeignCheckpointError
 
 pytestmark = pytest.mark.unit

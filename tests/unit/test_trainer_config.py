@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rtj_trainer.config import ConfigError, build_config
+from rtj_trainer.config import ConfigError
+from rtj_trainer.configload import build_config
 from rtj_trainer.launchenv import launch_environment
 
 pytestmark = pytest.mark.unit

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from rtj_trainer.config import MAX_VOCAB, ConfigError, DataConfig, build_config
+from rtj_trainer.config import MAX_VOCAB, ConfigError, DataConfig
+from rtj_trainer.configload import build_config
 from rtj_trainer.data import TokenBatches
 
 pytestmark = pytest.mark.unit

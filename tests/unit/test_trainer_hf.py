@@ -18,7 +18,8 @@ import torch.distributed as dist
 from rtj_trainer import parallel
 from rtj_trainer.carry import CarryOver
 from rtj_trainer.checkpoint import Checkpointer
-from rtj_trainer.config import ConfigError, build_config
+from rtj_trainer.config import ConfigError
+from rtj_trainer.configload import build_config
 from rtj_trainer.data import TokenBatches
 from rtj_trainer.export import main as export_main
 from rtj_trainer.statekeys import HF_CONFIG

@@ -16,7 +16,8 @@ import torch.distributed as dist
 from rtj_trainer import checkpoint as ck
 from rtj_trainer import parallel
 from rtj_trainer.carry import CarryOver
-from rtj_trainer.config import CheckpointConfig, build_config
+from rtj_trainer.config import CheckpointConfig
+from rtj_trainer.configload import build_config
 from rtj_trainer.data import TokenBatches
 from rtj_trainer.launchenv import LaunchEnvironment
 

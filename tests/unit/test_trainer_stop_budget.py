@@ -19,7 +19,8 @@ from checkpoint_helpers import save_checkpoint
 from rtj_trainer import checkpoint as ck
 from rtj_trainer import lib as rtj
 from rtj_trainer.checkpoint.tracking import PendingSave
-from rtj_trainer.config import CheckpointConfig, build_config
+from rtj_trainer.config import CheckpointConfig
+from rtj_trainer.configload import build_config
 from rtj_trainer.stop import STOP, StopAgreement
 from test_trainer_stop import Ranks
 

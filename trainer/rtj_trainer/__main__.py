@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from rtj_wire.pod import PEER_STOPPED_EXIT_CODE
 
 from . import termination
-from .config import build_config
+from .configload import build_config
 from .errors import FATAL_EXIT_CODE, FatalError
 from .launchenv import launch_environment
 from .presets import PRESETS

@@ -1,7 +1,8 @@
 """The named starting points of a run's configuration (`--preset`), from CPU tests to ~8B.
 
-A preset is a nested dict in the shape of `rtj_trainer.config.Config`; `build_config` merges the
-file, environment and `--set` layers over it and validates the result once.
+A preset is a nested dict in the shape of `rtj_trainer.config.Config`;
+`rtj_trainer.configload.build_config` merges the file, environment and `--set` layers over it and
+validates the result once.
 """
 
 from __future__ import annotations

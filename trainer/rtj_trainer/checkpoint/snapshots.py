@@ -15,7 +15,7 @@ Why this shape:
   state dict. On an H100 (1B model) a snapshot blocked the loop 42-44 ms before these two
   changes (a state dict, one copy launch per tensor, the header), about 25 ms after them.
 - **The host copy overlaps compute.** The thread waits for that event on a side stream and
-  copies the buffer in chunks through two small page-locked buffers (`BOUNCE_BYTES` each:
+  copies the buffer in chunks through two small page-locked buffers (`bounce_bytes` each:
   the device-to-host copy of one chunk runs while the other is copied on into the file) into
   the memory map of the copy's file in `checkpoint.local_dir`
   (rtj_trainer.checkpoint.local.publish_local_copy), then renames it into place. Copying
@@ -58,9 +58,6 @@ log = logging.getLogger(__name__)
 
 HEADROOM_BYTES = 2 << 30
 """Device memory left free after the snapshot buffer is allocated."""
-BOUNCE_BYTES = 64 << 20
-"""Each of the two page-locked buffers a snapshot's host copy goes through (CUDA), unless
-`checkpoint.snapshot_bounce_mib` says otherwise."""
 
 
 class _Cancelled(Exception):
@@ -71,7 +68,9 @@ class SnapshotTaker:
     """One rank's snapshots through a device-memory copy and a thread (module docstring)."""
 
     def __init__(self, folder: Path, *, device: torch.device, rank: int,
-                 bounce_bytes: int = BOUNCE_BYTES) -> None:
+                 bounce_bytes: int) -> None:
+        """`bounce_bytes`: each of the two page-locked buffers the host copy goes through (CUDA;
+        `checkpoint.snapshot_bounce_mib`, the one default)."""
         self.folder = folder
         self.device = device
         self.rank = rank

@@ -44,8 +44,8 @@ from ..config import (
     ConfigError,
     JobConfig,
     MetricsConfig,
-    environment_overrides,
 )
+from ..configload import environment_overrides
 from ..launchenv import launch_environment
 from ..ledger import LEDGER_FILE, Ledger, advance_ledger
 from ..metrics import Snapshot, TrainerMetrics
