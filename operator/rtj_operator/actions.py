@@ -234,7 +234,7 @@ async def apply(
 
 
 def _patch_status(api: kubernetes.client.ApiClient, namespace: str, name: str,
-                  status: dict[str, Any], timeout: float) -> None:
+                  status: dict[str, Any], timeout: float) -> bool:
     try:
         kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, {"status": status},
@@ -242,20 +242,22 @@ def _patch_status(api: kubernetes.client.ApiClient, namespace: str, name: str,
         )
     except ApiException as error:
         if error.status == 404:
-            return  # the job is gone
+            return False  # the job is gone
         raise kopf.TemporaryError(
             f"writing the status failed: {error.status} {error.reason}",
             delay=RETRY_DELAY_SECONDS,
         ) from error
+    return True
 
 
 async def patch_status(
     api: kubernetes.client.ApiClient, *, namespace: str, name: str, status: dict[str, Any],
     timeout: float,
-) -> None:
+) -> bool:
     """Write a job's status fields with one merge patch of its status subresource (None removes
-    a field), in a worker thread; `timeout` bounds the call. A job already gone is no error."""
-    await asyncio.to_thread(_patch_status, api, namespace, name, status, timeout)
+    a field), in a worker thread; `timeout` bounds the call. Whether the API server took it: a
+    job already gone (404) is no error, but nothing was written."""
+    return await asyncio.to_thread(_patch_status, api, namespace, name, status, timeout)
 
 
 def _delete_children(

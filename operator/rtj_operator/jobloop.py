@@ -464,6 +464,8 @@ async def run_pass(*, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
 
 async def _write_status(memo: kopf.Memo, job: reconcile.JobMemo, namespace: str, name: str,
                         patch: dict[str, Any], settings: OperatorSettings) -> None:
-    await actions.patch_status(memo["api"], namespace=namespace, name=name, status=patch,
-                               timeout=settings.api_request_timeout_seconds)
-    reconcile.remember_written(job, patch)
+    """Write the pass's status patch; only a patch the API server took counts as written (a
+    failed one raises, and the next pass computes and tries it again)."""
+    if await actions.patch_status(memo["api"], namespace=namespace, name=name, status=patch,
+                                  timeout=settings.api_request_timeout_seconds):
+        reconcile.remember_written(job, patch)

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import kopf
+import kubernetes.client
 import pytest
 from rtj_operator import jobloop
 from rtj_operator.jobloop import DEADLINE_MARGIN_SECONDS, EVENT_PASS_GAP_SECONDS, next_pass
@@ -265,3 +266,78 @@ def test_a_quiet_read_moves_a_healthy_pods_deadline_and_hands_a_stale_one_to_a_p
                      recheck={i: at for i, at in job.recheck.items()
                               if i not in job.renewable or i in loop.eventful})
     assert (plan.trigger, plan.reads) == ("deadline", Reads(pods=frozenset({1, 2})))
+
+
+def test_a_status_write_that_failed_is_tried_again_by_the_next_pass(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench.chaos apiserver-stop (32 s): the status caught up 11.6 s after kube-apiserver was
+    back, and the failed passes were logged 12 s apart, not at the 3 s retry. A pass stamped its
+    status write when it computed the patch, before the write: once the write failed, the
+    retries computed progress alone and held it back for `status_progress_interval_seconds`
+    (10 s), so a write failed once a progress interval, and the first after the return could
+    wait the whole interval. Only a write the API server took holds progress back now."""
+    import asyncio
+
+    import urllib3
+    from rtj_operator import reconcile
+    from rtj_operator.api.status import ResilientTrainingJobStatus
+    from rtj_operator.config import OperatorSettings
+
+    settings = OperatorSettings(status_progress_interval_seconds=10.0)
+    job = reconcile.JobMemo(last_status_write=-math.inf)  # the last write is long past
+    seen = {"state": "Running", "step": 10, "conditions": [], "incidents": [], "ranks": []}
+    api_up = False
+    took: list[dict[str, Any]] = []
+
+    async def patch_status(_api: Any, *, status: dict[str, Any], **_: Any) -> bool:
+        if not api_up:
+            raise urllib3.exceptions.MaxRetryError(
+                None, "/status", urllib3.exceptions.NewConnectionError(
+                    None, "Failed to establish a new connection: [Errno 111] Connection "
+                          "refused"))
+        took.append(status)
+        return True
+
+    monkeypatch.setattr(jobloop.actions, "patch_status", patch_status)
+
+    def one_pass(step: int) -> dict[str, Any]:
+        """A pass's status patch, written as jobloop.run_pass writes it."""
+        patch = reconcile._status_to_write(
+            job, reconcile.with_unseen_writes(seen, job.written),
+            ResilientTrainingJobStatus(state="Running", step=step), settings)
+        if patch:
+            asyncio.run(jobloop._write_status({"api": None}, job, "ns", "job", patch, settings))
+        return patch
+
+    with pytest.raises(urllib3.exceptions.MaxRetryError):
+        one_pass(11)  # the API server is down
+    with pytest.raises(urllib3.exceptions.MaxRetryError):
+        one_pass(12)  # the retry 3 s later tries the write again (it computed {} before)
+    api_up = True
+    assert one_pass(13) == {"step": 13}  # back: the first pass catches the status up
+    assert took == [{"step": 13}]
+    assert one_pass(14) == {}  # progress alone waits for the interval again
+
+
+def test_a_status_patch_answered_404_counts_as_not_written(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A status patch answered 404 (the job is gone, or a kube-apiserver just started does not
+    serve the resource yet) wrote nothing: it neither holds progress back nor counts as an own
+    write the watch should show."""
+    import asyncio
+
+    from kubernetes.client.exceptions import ApiException
+    from rtj_operator import actions, reconcile
+    from rtj_operator.config import OperatorSettings
+
+    api = kubernetes.client.ApiClient()
+
+    def not_found(*_: Any, **__: Any) -> None:
+        raise ApiException(status=404, reason="Not Found")
+
+    monkeypatch.setattr(api, "call_api", not_found)
+    assert actions._patch_status(api, "ns", "job", {"step": 3}, 1.0) is False
+    job = reconcile.JobMemo()
+    asyncio.run(jobloop._write_status({"api": api}, job, "ns", "job", {"step": 3},
+                                      OperatorSettings()))
+    assert job.last_status_write is None and job.written == {}
