@@ -2,8 +2,9 @@
 `baseline` variant: a plain torchrun worker script with the same model (the built-in GPT, or
 `model.hf_path`), data, optimizer, learning-rate schedule and steps as the trainer (it builds
 them with the trainer's own functions and config), that saves with
-`torch.distributed.checkpoint.async_save` every `checkpoint.interval_steps` steps and resumes
-from the newest complete save (DCP writes `.metadata` last).
+`torch.distributed.checkpoint.async_save` every `checkpoint.interval_steps` steps, keeps the
+`checkpoint.keep` newest complete saves (as the trainer keeps its commits), and resumes from the
+newest complete save (DCP writes `.metadata` last).
 
 What it does not have, on purpose, because that user does not: no heartbeats, no in-process
 restart, no node-local copies, no warm workers. `torchrun --max-restarts` restarts every worker
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from datetime import timedelta
@@ -65,6 +67,23 @@ def newest_complete_save(root: Path) -> tuple[int, Path] | None:
         if (path / ".metadata").exists():
             saves.append((int(path.name.removeprefix(SAVE_PREFIX)), path))
     return max(saves) if saves else None
+
+
+def prune_saves(root: Path, keep: int) -> list[Path]:
+    """Delete every complete save but the `keep` newest, and every incomplete one older than the
+    newest complete (an async save a restart cut short); newer incomplete ones may be in flight.
+    What the user's script does with `checkpoint.keep`, as the trainer keeps `keep` commits: a
+    run that keeps every 11 GB save fills a 64 GB disk by its sixth. Returns what it deleted."""
+    saves = sorted((int(path.name.removeprefix(SAVE_PREFIX)), (path / ".metadata").exists(), path)
+                   for path in root.glob(f"{SAVE_PREFIX}*") if path.is_dir())
+    complete = [step for step, done, _ in saves if done]
+    kept = set(complete[-keep:]) if keep > 0 else set(complete)
+    newest = complete[-1] if complete else None
+    doomed = [path for step, done, path in saves
+              if (done and step not in kept) or (not done and newest is not None and step < newest)]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
 
 
 def productive_seconds(lines: list[dict[str, Any]]) -> float:
@@ -154,11 +173,15 @@ def main(argv: list[str] | None = None) -> int:
         if interval and (step % interval == 0 or step == cfg.train.steps):
             if pending is not None:
                 pending.result()  # one save in flight at a time, as DCP's examples do
+                if rank == 0:
+                    prune_saves(root, cfg.checkpoint.keep)
             state = training_state(model, optimizer, scheduler)
             pending = dcp.async_save(state, checkpoint_id=str(root / f"{SAVE_PREFIX}{step:09d}"),
                                      process_group=save_group)
     if pending is not None:
         pending.result()
+        if rank == 0:
+            prune_saves(root, cfg.checkpoint.keep)
     dist.barrier()
     if rank == 0:
         assert steps_log is not None

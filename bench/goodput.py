@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -55,12 +56,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(default faulted,clean,sync)")
     parser.add_argument("--baseline-collective-timeout", type=float, default=600.0,
                         help="baseline: init_process_group timeout, seconds (default 600)")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep each run's checkpoints and node-local copies (default: "
+                             "deleted once its figures are taken, so the next run has the disk)")
     add_local_run_arguments(parser, run_timeout=1200.0)
     args = parser.parse_args(argv)
     unknown = [v for v in args.variants.split(",") if v and v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant(s): {', '.join(unknown)}")
     return args
+
+
+CHECKPOINT_DIRS = ("step-*", "dcp-step-*")
+"""A run's saves in its checkpoint directory: the trainer's and the baseline's."""
+
+
+def free_checkpoints(run_dir: Path, sets: list[str]) -> int:
+    """Delete a finished run's saves (`CHECKPOINT_DIRS` in `run_dir`) and its node-local copies
+    (`checkpoint.local_dir` of `sets`); the next variant of the same invocation needs the disk:
+    on a 64 GB machine the baseline's saves of an 11 GB state failed with ENOSPC beside ours
+    (2026-12-06). The step log, the fault markers and the log file stay. Returns the bytes."""
+    doomed = [path for pattern in CHECKPOINT_DIRS for path in run_dir.glob(pattern)
+              if path.is_dir()]
+    doomed += [Path(value) for key, _, value in (item.partition("=") for item in sets)
+               if key == "checkpoint.local_dir" and value and Path(value).is_dir()]
+    freed = 0
+    for path in doomed:
+        freed += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        shutil.rmtree(path, ignore_errors=True)
+    return freed
 
 
 def run_figures(run: LocalRun) -> dict[str, Any]:
@@ -195,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
               + (" WARNING: trainer sources changed during the run"
                  if run.trainer_source_changed else ""), flush=True)
         results["runs"][name] = {"figures": figures, "run": run.as_dict()}
+        if not args.keep_checkpoints:
+            results["runs"][name]["checkpoint_bytes_freed"] = free_checkpoints(
+                work_dir / name, plan["sets"])
     results["ratio"] = goodput_ratio(results["runs"])
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     results["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
