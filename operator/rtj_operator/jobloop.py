@@ -465,7 +465,9 @@ async def run_pass(*, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
 async def _write_status(memo: kopf.Memo, job: reconcile.JobMemo, namespace: str, name: str,
                         patch: dict[str, Any], settings: OperatorSettings) -> None:
     """Write the pass's status patch; only a patch the API server took counts as written (a
-    failed one raises, and the next pass computes and tries it again)."""
+    failed one raises, and the next pass computes and tries it again), as of when it was
+    computed (a write that hung through an outage carries the step of before it)."""
+    computed = time.monotonic()
     if await actions.patch_status(memo["api"], namespace=namespace, name=name, status=patch,
                                   timeout=settings.api_request_timeout_seconds):
-        reconcile.remember_written(job, patch)
+        reconcile.remember_written(job, patch, computed_at=computed)

@@ -448,14 +448,17 @@ def _status_to_write(memo: JobMemo, current_status: Mapping[str, Any],
     return patch
 
 
-def remember_written(memo: JobMemo, patch: Mapping[str, Any]) -> None:
+def remember_written(memo: JobMemo, patch: Mapping[str, Any],
+                     computed_at: float | None = None) -> None:
     """The status fields of `patch` were written: until the watch shows them, later passes
     compute their patches as if it did, and progress alone waits
-    `status_progress_interval_seconds` from now. Called only once the API server took the
-    patch: stamped when the patch was computed, a write that failed during an outage held every
-    later progress write back for the whole interval, and the status caught up 10-13 s after
-    the API server returned (bench.chaos apiserver-stop, 11.6 s)."""
+    `status_progress_interval_seconds` from `computed_at` (monotonic; default now), when the
+    patch's values were current. Called only once the API server took the patch: a write that
+    failed during an outage must not hold later progress back (the status caught up 11.6 s after
+    kube-apiserver returned, bench.chaos apiserver-stop), nor may a write that hung through an
+    outage and then went through with its old step (11.7-11.9 s after etcd returned,
+    etcd-restart)."""
     now = time.monotonic()
     memo.written.update({key: (value, now) for key, value in patch.items()})
     if patch:
-        memo.last_status_write = now
+        memo.last_status_write = now if computed_at is None else min(computed_at, now)

@@ -319,6 +319,52 @@ def test_a_status_write_that_failed_is_tried_again_by_the_next_pass(
     assert one_pass(14) == {}  # progress alone waits for the interval again
 
 
+def test_a_status_write_that_hung_through_an_outage_holds_progress_back_from_its_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench.chaos etcd-restart (ec6bf89): the status caught up 11.7 and 11.9 s after etcd was
+    back. During etcd's outage kube-apiserver holds a write instead of refusing it; the write
+    went through when etcd returned, carrying the step of 8 s before, and progress then waited
+    a whole interval from its end. The interval counts from when the patch was computed."""
+    import asyncio
+
+    from rtj_operator import reconcile
+    from rtj_operator.api.status import ResilientTrainingJobStatus
+    from rtj_operator.config import OperatorSettings
+
+    clock = [1000.0]
+    monkeypatch.setattr(jobloop.time, "monotonic", lambda: clock[0])
+    settings = OperatorSettings(status_progress_interval_seconds=10.0)
+    job = reconcile.JobMemo(last_status_write=-math.inf)
+    seen = {"state": "Running", "step": 10, "conditions": [], "incidents": [], "ranks": []}
+    took: list[dict[str, Any]] = []
+    etcd_down = True
+
+    async def patch_status(_api: Any, *, status: dict[str, Any], **_: Any) -> bool:
+        nonlocal etcd_down
+        if etcd_down:
+            clock[0] += 8.0  # held by kube-apiserver until etcd is back
+            etcd_down = False
+        took.append(status)
+        return True
+
+    monkeypatch.setattr(jobloop.actions, "patch_status", patch_status)
+
+    def one_pass(step: int) -> dict[str, Any]:
+        patch = reconcile._status_to_write(
+            job, reconcile.with_unseen_writes(seen, job.written),
+            ResilientTrainingJobStatus(state="Running", step=step), settings)
+        if patch:
+            asyncio.run(jobloop._write_status({"api": None}, job, "ns", "job", patch, settings))
+        return patch
+
+    assert one_pass(11) == {"step": 11}  # computed at 1000, taken at 1008 (etcd back)
+    clock[0] += 3.0  # the next pass, 3 s after etcd's return: 11 s after the patch's values
+    assert one_pass(15) == {"step": 15}
+    assert took == [{"step": 11}, {"step": 15}]
+    clock[0] += 3.0
+    assert one_pass(16) == {}  # progress alone waits for the interval again
+
+
 def test_a_status_patch_answered_404_counts_as_not_written(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A status patch answered 404 (the job is gone, or a kube-apiserver just started does not
