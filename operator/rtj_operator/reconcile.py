@@ -448,11 +448,10 @@ def _status_to_write(memo: JobMemo, current_status: Mapping[str, Any],
     return patch
 
 
-def remember_written(memo: JobMemo, patch: Mapping[str, Any],
-                     computed_at: float | None = None) -> None:
+def remember_written(memo: JobMemo, patch: Mapping[str, Any], computed_at: float) -> None:
     """The status fields of `patch` were written: until the watch shows them, later passes
     compute their patches as if it did, and progress alone waits
-    `status_progress_interval_seconds` from `computed_at` (monotonic; default now), when the
+    `status_progress_interval_seconds` from `computed_at` (monotonic), when the
     patch's values were current. Called only once the API server took the patch: a write that
     failed during an outage must not hold later progress back (the status caught up 11.6 s after
     kube-apiserver returned, bench.chaos apiserver-stop), nor may a write that hung through an
@@ -461,4 +460,4 @@ def remember_written(memo: JobMemo, patch: Mapping[str, Any],
     now = time.monotonic()
     memo.written.update({key: (value, now) for key, value in patch.items()})
     if patch:
-        memo.last_status_write = now if computed_at is None else min(computed_at, now)
+        memo.last_status_write = computed_at

@@ -268,6 +268,22 @@ def test_a_quiet_read_moves_a_healthy_pods_deadline_and_hands_a_stale_one_to_a_p
     assert (plan.trigger, plan.reads) == ("deadline", Reads(pods=frozenset({1, 2})))
 
 
+def _status_pass(job: Any, seen: dict[str, Any], step: int, settings: Any) -> dict[str, Any]:
+    """A pass's status patch for a Running job at `step`, written as jobloop.run_pass writes it
+    (through `jobloop.actions.patch_status`, which the tests replace)."""
+    import asyncio
+
+    from rtj_operator import reconcile
+    from rtj_operator.api.status import ResilientTrainingJobStatus
+
+    patch = reconcile._status_to_write(
+        job, reconcile.with_unseen_writes(seen, job.written),
+        ResilientTrainingJobStatus(state="Running", step=step), settings)
+    if patch:
+        asyncio.run(jobloop._write_status({"api": None}, job, "ns", "job", patch, settings))
+    return patch
+
+
 def test_a_status_write_that_failed_is_tried_again_by_the_next_pass(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """bench.chaos apiserver-stop (32 s): the status caught up 11.6 s after kube-apiserver was
@@ -276,11 +292,9 @@ def test_a_status_write_that_failed_is_tried_again_by_the_next_pass(
     retries computed progress alone and held it back for `status_progress_interval_seconds`
     (10 s), so a write failed once a progress interval, and the first after the return could
     wait the whole interval. Only a write the API server took holds progress back now."""
-    import asyncio
 
     import urllib3
     from rtj_operator import reconcile
-    from rtj_operator.api.status import ResilientTrainingJobStatus
     from rtj_operator.config import OperatorSettings
 
     settings = OperatorSettings(status_progress_interval_seconds=10.0)
@@ -301,13 +315,7 @@ def test_a_status_write_that_failed_is_tried_again_by_the_next_pass(
     monkeypatch.setattr(jobloop.actions, "patch_status", patch_status)
 
     def one_pass(step: int) -> dict[str, Any]:
-        """A pass's status patch, written as jobloop.run_pass writes it."""
-        patch = reconcile._status_to_write(
-            job, reconcile.with_unseen_writes(seen, job.written),
-            ResilientTrainingJobStatus(state="Running", step=step), settings)
-        if patch:
-            asyncio.run(jobloop._write_status({"api": None}, job, "ns", "job", patch, settings))
-        return patch
+        return _status_pass(job, seen, step, settings)
 
     with pytest.raises(urllib3.exceptions.MaxRetryError):
         one_pass(11)  # the API server is down
@@ -325,10 +333,8 @@ def test_a_status_write_that_hung_through_an_outage_holds_progress_back_from_its
     back. During etcd's outage kube-apiserver holds a write instead of refusing it; the write
     went through when etcd returned, carrying the step of 8 s before, and progress then waited
     a whole interval from its end. The interval counts from when the patch was computed."""
-    import asyncio
 
     from rtj_operator import reconcile
-    from rtj_operator.api.status import ResilientTrainingJobStatus
     from rtj_operator.config import OperatorSettings
 
     clock = [1000.0]
@@ -350,12 +356,7 @@ def test_a_status_write_that_hung_through_an_outage_holds_progress_back_from_its
     monkeypatch.setattr(jobloop.actions, "patch_status", patch_status)
 
     def one_pass(step: int) -> dict[str, Any]:
-        patch = reconcile._status_to_write(
-            job, reconcile.with_unseen_writes(seen, job.written),
-            ResilientTrainingJobStatus(state="Running", step=step), settings)
-        if patch:
-            asyncio.run(jobloop._write_status({"api": None}, job, "ns", "job", patch, settings))
-        return patch
+        return _status_pass(job, seen, step, settings)
 
     assert one_pass(11) == {"step": 11}  # computed at 1000, taken at 1008 (etcd back)
     clock[0] += 3.0  # the next pass, 3 s after etcd's return: 11 s after the patch's values
