@@ -20,7 +20,8 @@
 # ratio: bench.goodput's faulted-inprocess and baseline variants in one invocation, the HF model,
 #   RATIO_STEPS (default 1000) steps, four faults (exception, SIGKILL, exception, SIGKILL; no
 #   hang: with one rank the baseline never recovers from one), a checkpoint every 100 steps;
-#   RATIO_FAULTS replaces the fault schedule (for a shorter RATIO_STEPS).
+#   RATIO_FAULTS replaces the fault schedule (for a shorter RATIO_STEPS); RUN_TIMEOUT (default 330)
+#   is each variant's limit: the baseline's restarts take ~30 s each, so it needs about twice ours.
 # SNAPSHOTS=N (recovery, goodput, ratio): node-local snapshots every N steps between saves
 #   (checkpoint.local_interval_steps; the summary's attempt_snapshots has their count and stall).
 # Writes JSON and log excerpts under $OUT.
@@ -89,7 +90,7 @@ if [[ ,${PART:-}, == *,ratio,* ]]; then
     --steps "${RATIO_STEPS:-1000}" --faults "${RATIO_FAULTS:-250:0:exception,450:0:sigkill,650:0:exception,850:0:sigkill}" \
     --checkpoint-interval 100 --heartbeat-timeout 10 "${SHAPE[@]}" --set data.batch_size=4 \
     "${HFSET[@]}" "${SNAP[@]}" --set checkpoint.local_dir=/dev/shm/rtj-local \
-    --set checkpoint.keep=2 --run-timeout 330 --work-dir /tmp/gp --out "$OUT/ratio.json" || rc=1
+    --set checkpoint.keep=2 --run-timeout "${RUN_TIMEOUT:-330}" --work-dir /tmp/gp --out "$OUT/ratio.json" || rc=1
   excerpt /tmp/gp "$OUT/ratio-log.txt"
 fi
 if [[ ,${PART:-}, == *,goodput,* ]]; then
