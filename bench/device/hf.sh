@@ -21,7 +21,8 @@
 #   RATIO_STEPS (default 1000) steps, four faults (exception, SIGKILL, exception, SIGKILL; no
 #   hang: with one rank the baseline never recovers from one), a checkpoint every 100 steps;
 #   RATIO_FAULTS replaces the fault schedule (for a shorter RATIO_STEPS); RUN_TIMEOUT (default 330)
-#   is each variant's limit: the baseline's restarts take ~30 s each, so it needs about twice ours.
+#   is each variant's limit: the baseline's restarts take ~30 s each, so it needs about twice ours;
+#   VARIANTS=baseline runs one of the two (when both do not fit one call: then not "the same run").
 # SNAPSHOTS=N (recovery, goodput, ratio): node-local snapshots every N steps between saves
 #   (checkpoint.local_interval_steps; the summary's attempt_snapshots has their count and stall).
 # Writes JSON and log excerpts under $OUT.
@@ -86,7 +87,7 @@ for r in json.load(open(sys.argv[1]))['runs']:
 fi
 if [[ ,${PART:-}, == *,ratio,* ]]; then
   rm -rf /tmp/gp /dev/shm/rtj-local
-  timeout "${GOODPUT_TIMEOUT:-560}" python3 -m bench.goodput --variants faulted-inprocess,baseline \
+  timeout "${GOODPUT_TIMEOUT:-560}" python3 -m bench.goodput --variants "${VARIANTS:-faulted-inprocess,baseline}" \
     --steps "${RATIO_STEPS:-1000}" --faults "${RATIO_FAULTS:-250:0:exception,450:0:sigkill,650:0:exception,850:0:sigkill}" \
     --checkpoint-interval 100 --heartbeat-timeout 10 "${SHAPE[@]}" --set data.batch_size=4 \
     "${HFSET[@]}" "${SNAP[@]}" --set checkpoint.local_dir=/dev/shm/rtj-local \
