@@ -61,10 +61,7 @@ def main() -> int:
     elector: leader.LeaseElector | None = None
     if settings.leader_election:
         leader.load_config()
-        import kubernetes.client
-
-        elector = leader.LeaseElector(metrics.count_api_requests(kubernetes.client.ApiClient()),
-                                     settings)
+        elector = leader.LeaseElector(leader.api_client(settings), settings)
         health = _serve_follower_health(settings)
         try:
             elector.acquire()

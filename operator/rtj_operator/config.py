@@ -59,6 +59,11 @@ class OperatorSettings:
     """Time limit of one Kubernetes API call: a half-open connection must not hold a job's pass
     (and its lock) for ever."""
 
+    api_connect_timeout_seconds: float = 5.0
+    """Time limit of one attempt to connect to the Kubernetes API (within the request's own
+    limit): an address that drops packets must not hold a pass for the request's whole limit
+    at each of the client's connection retries."""
+
     stuck_pass_seconds: float = 300.0
     """The liveness probe fails once a reconcile pass has run this long (it is stuck), so the
     kubelet restarts the operator."""
@@ -179,6 +184,7 @@ def _check_ranges(settings: OperatorSettings) -> None:
     positive = ("reconcile_interval_seconds", "scrape_timeout_seconds", "scrape_concurrency",
                 "sweep_reads_per_second",
                 "rendezvous_join_timeout_seconds", "api_request_timeout_seconds",
+                "api_connect_timeout_seconds",
                 "stuck_pass_seconds", "lease_duration_seconds", "lease_renew_deadline_seconds",
                 "lease_retry_period_seconds")
     for name in positive:

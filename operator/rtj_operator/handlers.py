@@ -33,7 +33,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import kopf
-import kubernetes.client
 
 from rtj_operator import (
     actions,
@@ -208,8 +207,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.scanning.disabled = bool(SETTINGS.namespace)
     # kopf logs every timer run ("Timer 'reconcile' succeeded") at INFO; keep the decisions.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # The same limit for kopf's own client (its watches and the handlers' progress writes).
+    settings.networking.connect_timeout = SETTINGS.api_connect_timeout_seconds
     leader.load_config()
-    memo["api"] = metrics.count_api_requests(kubernetes.client.ApiClient())
+    memo["api"] = leader.api_client(SETTINGS)
     # One node list for every job (kopf copies the memo per object, shallowly).
     memo["nodes"] = observe.NodeCache()
     # What pods that ended on purpose said, for every job (the pod watch records it).

@@ -29,6 +29,7 @@ from typing import Any
 
 import kubernetes.client
 import kubernetes.config
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from rtj_operator import metrics
@@ -46,6 +47,35 @@ def load_config() -> None:
         load_incluster()
     except kubernetes.config.ConfigException:
         load_kubeconfig()
+
+
+def limit_connects(api: Any, connect_seconds: float) -> Any:
+    """`api` (a kubernetes ApiClient) whose every attempt to connect gives up after
+    `connect_seconds`. The client turns a call's `_request_timeout=t` into urllib3's
+    `Timeout(total=t)`, and urllib3 retries a connection that failed (three times by default),
+    each retry with the whole `t` again: an address that drops packets held one call for 4 x t
+    (two minutes at 30 s). The request's total limit stays `t`."""
+    pool = api.rest_client.pool_manager
+    urlopen = pool.urlopen
+
+    def bounded(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        timeout = kwargs.get("timeout")
+        total = timeout.total if isinstance(timeout, urllib3.Timeout) else None
+        if isinstance(total, int | float):
+            kwargs["timeout"] = urllib3.Timeout(total=total, connect=min(connect_seconds, total))
+        return urlopen(method, url, *args, **kwargs)
+
+    pool.urlopen = bounded
+    return api
+
+
+def api_client(settings: OperatorSettings) -> kubernetes.client.ApiClient:
+    """The operator's client of the Kubernetes API (after `load_config`): its connection
+    attempts limited (`limit_connects`), its requests counted (`metrics.API_REQUESTS`)."""
+    api = kubernetes.client.ApiClient()
+    limited: kubernetes.client.ApiClient = metrics.count_api_requests(
+        limit_connects(api, settings.api_connect_timeout_seconds))
+    return limited
 
 
 def default_identity() -> str:
