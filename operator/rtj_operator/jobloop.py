@@ -433,7 +433,7 @@ async def run_pass(*, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
     in_flight: dict[str, float] = memo["health"]["in_flight"]
     flight_key = f"{namespace}/{name}"
     async with job.lock:
-        in_flight[flight_key] = time.monotonic()
+        in_flight[flight_key] = observed_at = time.monotonic()
         try:
             try:
                 result = await reconcile.run_pass(
@@ -444,14 +444,16 @@ async def run_pass(*, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
             except InvalidJobError as error:  # permanent: write why, never act
                 metrics.RECONCILE_PASSES.labels(outcome="invalid").inc()
                 if error.status:
-                    await _write_status(memo, job, namespace, name, error.status, settings)
+                    await _write_status(memo, job, namespace, name, error.status, settings,
+                                        observed_at=observed_at)
                     kopf.event(body, type="Warning", reason="InvalidSpec", message=str(error))
                 return 0.0
             except reconcile.CacheLagging:
                 metrics.RECONCILE_PASSES.labels(outcome="waiting_for_cache").inc()
                 return 0.0
             if result.status_patch:
-                await _write_status(memo, job, namespace, name, result.status_patch, settings)
+                await _write_status(memo, job, namespace, name, result.status_patch, settings,
+                                    observed_at=observed_at)
         finally:
             in_flight.pop(flight_key, None)
     metrics.RECONCILE_PASSES.labels(outcome="ok").inc()
@@ -463,11 +465,12 @@ async def run_pass(*, body: kopf.Body, memo: kopf.Memo, job: reconcile.JobMemo,
 
 
 async def _write_status(memo: kopf.Memo, job: reconcile.JobMemo, namespace: str, name: str,
-                        patch: dict[str, Any], settings: OperatorSettings) -> None:
+                        patch: dict[str, Any], settings: OperatorSettings, *,
+                        observed_at: float) -> None:
     """Write the pass's status patch; only a patch the API server took counts as written (a
-    failed one raises, and the next pass computes and tries it again), as of when it was
-    computed (a write that hung through an outage carries the step of before it)."""
-    computed = time.monotonic()
+    failed one raises, and the next pass computes and tries it again), as of `observed_at`
+    (monotonic), when the pass began observing: a pass or a write held through an outage
+    carries the step of before it."""
     if await actions.patch_status(memo["api"], namespace=namespace, name=name, status=patch,
                                   timeout=settings.api_request_timeout_seconds):
-        reconcile.remember_written(job, patch, computed_at=computed)
+        reconcile.remember_written(job, patch, computed_at=observed_at)

@@ -449,7 +449,8 @@ def _status_to_write(memo: JobMemo, current_status: Mapping[str, Any],
 
 
 HELD_WRITE_SECONDS = 1.0
-"""A status write that took longer than this was held by the API server: its values are stale."""
+"""A pass that took longer than this from its observation to its status write having gone
+through was held by the API server: the values it wrote are stale."""
 
 
 def remember_written(memo: JobMemo, patch: Mapping[str, Any], computed_at: float) -> None:
@@ -465,8 +466,9 @@ def remember_written(memo: JobMemo, patch: Mapping[str, Any], computed_at: float
     memo.written.update({key: (value, now) for key, value in patch.items()})
     if not patch:
         return
-    # A write the API server held (etcd down: it waits instead of refusing) carried values
-    # `now - computed_at` old when it went through, just as the service came back; counted from
-    # `computed_at`, the next progress could still wait most of an interval (10.8 s after
-    # etcd's return, bench.chaos etcd-restart at d8c8598). The next pass writes progress at once.
+    # A pass or a write the API server held (etcd down: it waits instead of refusing) carried
+    # values `now - computed_at` old when it went through, just as the service came back;
+    # counted from `computed_at`, the next progress could still wait most of an interval (10.8 s
+    # after etcd's return, bench.chaos etcd-restart at d8c8598). The next pass writes progress
+    # at once.
     memo.last_status_write = None if now - computed_at > HELD_WRITE_SECONDS else computed_at

@@ -276,11 +276,13 @@ def _status_pass(job: Any, seen: dict[str, Any], step: int, settings: Any) -> di
     from rtj_operator import reconcile
     from rtj_operator.api.status import ResilientTrainingJobStatus
 
+    observed_at = jobloop.time.monotonic()
     patch = reconcile._status_to_write(
         job, reconcile.with_unseen_writes(seen, job.written),
         ResilientTrainingJobStatus(state="Running", step=step), settings)
     if patch:
-        asyncio.run(jobloop._write_status({"api": None}, job, "ns", "job", patch, settings))
+        asyncio.run(jobloop._write_status({"api": None}, job, "ns", "job", patch, settings,
+                                          observed_at=observed_at))
     return patch
 
 
@@ -405,6 +407,47 @@ def test_a_status_write_held_briefly_through_an_outage_is_followed_by_a_fresh_on
     assert took == [{"step": 11}, {"step": 15}]
 
 
+def test_a_pass_held_before_its_quick_write_is_followed_by_a_fresh_write(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench.chaos etcd-restart (a44bb8b): one catch-up of 8 still took 12.5 s. A pass that
+    observed the trainers before etcd's return and was held (on any request the API server
+    makes wait) wrote their old step quickly once etcd was back; stamped at its write, progress
+    then waited a whole interval. The write counts as of the pass's observation, and a pass held
+    longer than `HELD_WRITE_SECONDS` is followed by a fresh write."""
+    import asyncio
+
+    from rtj_operator import reconcile
+    from rtj_operator.api.status import ResilientTrainingJobStatus
+    from rtj_operator.config import OperatorSettings
+
+    clock = [1000.0]
+    monkeypatch.setattr(jobloop.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(reconcile.time, "monotonic", lambda: clock[0])
+    settings = OperatorSettings(status_progress_interval_seconds=10.0)
+    job = reconcile.JobMemo(last_status_write=-math.inf)
+    seen = {"state": "Running", "step": 10, "conditions": [], "incidents": [], "ranks": []}
+    took: list[dict[str, Any]] = []
+
+    async def patch_status(_api: Any, *, status: dict[str, Any], **_: Any) -> bool:
+        took.append(status)
+        return True
+
+    monkeypatch.setattr(jobloop.actions, "patch_status", patch_status)
+    observed_at = clock[0]
+    patch = reconcile._status_to_write(job, reconcile.with_unseen_writes(seen, job.written),
+                                       ResilientTrainingJobStatus(state="Running", step=11),
+                                       settings)
+    clock[0] += reconcile.HELD_WRITE_SECONDS + 1.0  # the pass waits on a held request
+    asyncio.run(jobloop._write_status({"api": None}, job, "ns", "job", patch, settings,
+                                      observed_at=observed_at))
+    assert took == [{"step": 11}]  # etcd is back: the old step went through at once
+    clock[0] += 3.0
+    assert _status_pass(job, seen, 15, settings) == {"step": 15}  # the next pass: fresh
+    clock[0] += 3.0
+    assert _status_pass(job, seen, 16, settings) == {}  # a quick pass holds progress back again
+    assert took == [{"step": 11}, {"step": 15}]
+
+
 def test_a_status_patch_answered_404_counts_as_not_written(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A status patch answered 404 (the job is gone, or a kube-apiserver just started does not
@@ -425,5 +468,5 @@ def test_a_status_patch_answered_404_counts_as_not_written(
     assert actions._patch_status(api, "ns", "job", {"step": 3}, 1.0) is False
     job = reconcile.JobMemo()
     asyncio.run(jobloop._write_status({"api": api}, job, "ns", "job", {"step": 3},
-                                      OperatorSettings()))
+                                      OperatorSettings(), observed_at=0.0))
     assert job.last_status_write is None and job.written == {}
