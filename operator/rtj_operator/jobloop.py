@@ -390,6 +390,7 @@ async def _pass_and_schedule(plan: NextPass, *, key: JobKey, body: kopf.Body, me
         # The API server did not answer (stopped, restarting, the connection reset): expected
         # in an outage, so one line, not a traceback per job and pass.
         metrics.RECONCILE_PASSES.labels(outcome="retry").inc()
+        job.unanswered = True
         retry = settings.reconcile_interval_seconds
         LOG.warning("%s/%s: pass failed, the API server did not answer (%s); retried in %g s",
                     *key, unreachable_reason(error), retry)
@@ -470,7 +471,15 @@ async def _write_status(memo: kopf.Memo, job: reconcile.JobMemo, namespace: str,
     """Write the pass's status patch; only a patch the API server took counts as written (a
     failed one raises, and the next pass computes and tries it again), as of `observed_at`
     (monotonic), when the pass began observing: a pass or a write held through an outage
-    carries the step of before it."""
-    if await actions.patch_status(memo["api"], namespace=namespace, name=name, status=patch,
-                                  timeout=settings.api_request_timeout_seconds):
-        reconcile.remember_written(job, patch, computed_at=observed_at)
+    carries the step of before it. The first write after passes the API server did not answer
+    is followed by a fresh one (`reconcile.remember_written`)."""
+    try:
+        written = await actions.patch_status(memo["api"], namespace=namespace, name=name,
+                                             status=patch,
+                                             timeout=settings.api_request_timeout_seconds)
+    except (urllib3.exceptions.HTTPError, OSError):
+        job.unanswered = True
+        raise
+    if written:
+        reconcile.remember_written(job, patch, computed_at=observed_at, stale=job.unanswered)
+        job.unanswered = False

@@ -57,6 +57,9 @@ class JobMemo:
     """When (monotonic) this operator last wrote the job's status (a patch the API server took:
     `remember_written`); progress-only changes wait `status_progress_interval_seconds` after
     it."""
+    unanswered: bool = False
+    """A request of this job's passes found the API server not answering since its last status
+    write went through: the next write may carry values observed just before the return."""
     workload_settled: bool = False
     """A job queued through Kueue: its Workload was seen Finished (or there is none), so a
     finished job without pods needs no more passes (`jobloop.finished_and_idle`)."""
@@ -453,7 +456,8 @@ HELD_WRITE_SECONDS = 1.0
 through was held by the API server: the values it wrote are stale."""
 
 
-def remember_written(memo: JobMemo, patch: Mapping[str, Any], computed_at: float) -> None:
+def remember_written(memo: JobMemo, patch: Mapping[str, Any], computed_at: float,
+                     stale: bool = False) -> None:
     """The status fields of `patch` were written: until the watch shows them, later passes
     compute their patches as if it did, and progress alone waits
     `status_progress_interval_seconds` from `computed_at` (monotonic), when the
@@ -471,4 +475,8 @@ def remember_written(memo: JobMemo, patch: Mapping[str, Any], computed_at: float
     # counted from `computed_at`, the next progress could still wait most of an interval (10.8 s
     # after etcd's return, bench.chaos etcd-restart at d8c8598). The next pass writes progress
     # at once.
-    memo.last_status_write = None if now - computed_at > HELD_WRITE_SECONDS else computed_at
+    # Likewise the first write after passes the API server did not answer (`stale`): it may
+    # carry values observed just before kube-apiserver's return (11.08 s, bench.chaos
+    # apiserver-stop at 6aff325).
+    held = now - computed_at > HELD_WRITE_SECONDS
+    memo.last_status_write = None if stale or held else computed_at
