@@ -471,8 +471,10 @@ async def _write_status(memo: kopf.Memo, job: reconcile.JobMemo, namespace: str,
     """Write the pass's status patch; only a patch the API server took counts as written (a
     failed one raises, and the next pass computes and tries it again), as of `observed_at`
     (monotonic), when the pass began observing: a pass or a write held through an outage
-    carries the step of before it. The first write after passes the API server did not answer
-    is followed by a fresh one (`reconcile.remember_written`)."""
+    carries the step of before it. A write held over `reconcile.HELD_WRITE_SECONDS`, and the
+    first write after passes the API server did not answer, are followed by a fresh one
+    (`reconcile.remember_written`)."""
+    sent_at = time.monotonic()
     try:
         written = await actions.patch_status(memo["api"], namespace=namespace, name=name,
                                              status=patch,
@@ -481,5 +483,6 @@ async def _write_status(memo: kopf.Memo, job: reconcile.JobMemo, namespace: str,
         job.unanswered = True
         raise
     if written:
-        reconcile.remember_written(job, patch, computed_at=observed_at, stale=job.unanswered)
+        reconcile.remember_written(job, patch, computed_at=observed_at, sent_at=sent_at,
+                                   stale=job.unanswered)
         job.unanswered = False

@@ -452,12 +452,12 @@ def _status_to_write(memo: JobMemo, current_status: Mapping[str, Any],
 
 
 HELD_WRITE_SECONDS = 1.0
-"""A pass that took longer than this from its observation to its status write having gone
-through was held by the API server: the values it wrote are stale."""
+"""A status write that took longer than this was held by the API server (etcd down: it waits
+instead of refusing): the values it wrote are stale by the time it went through."""
 
 
 def remember_written(memo: JobMemo, patch: Mapping[str, Any], computed_at: float,
-                     stale: bool = False) -> None:
+                     sent_at: float | None = None, stale: bool = False) -> None:
     """The status fields of `patch` were written: until the watch shows them, later passes
     compute their patches as if it did, and progress alone waits
     `status_progress_interval_seconds` from `computed_at` (monotonic), when the
@@ -470,13 +470,13 @@ def remember_written(memo: JobMemo, patch: Mapping[str, Any], computed_at: float
     memo.written.update({key: (value, now) for key, value in patch.items()})
     if not patch:
         return
-    # A pass or a write the API server held (etcd down: it waits instead of refusing) carried
-    # values `now - computed_at` old when it went through, just as the service came back;
-    # counted from `computed_at`, the next progress could still wait most of an interval (10.8 s
-    # after etcd's return, bench.chaos etcd-restart at d8c8598). The next pass writes progress
-    # at once.
-    # Likewise the first write after passes the API server did not answer (`stale`): it may
-    # carry values observed just before kube-apiserver's return (11.08 s, bench.chaos
-    # apiserver-stop at 6aff325).
-    held = now - computed_at > HELD_WRITE_SECONDS
+    # A write the API server held (sent at `sent_at`) carried values observed before the hold,
+    # and went through just as etcd came back; counted from `computed_at`, the next progress
+    # could still wait most of an interval (10.8 s after etcd's return, bench.chaos
+    # etcd-restart at d8c8598). The next pass writes progress at once. Likewise the first
+    # write after passes the API server did not answer (`stale`): it may carry values observed
+    # just before kube-apiserver's return (11.08 s, bench.chaos apiserver-stop at 6aff325). A
+    # pass that was merely slow (a scrape waiting on a silent pod) is not held: its progress
+    # waits the interval from its observation.
+    held = sent_at is not None and now - sent_at > HELD_WRITE_SECONDS
     memo.last_status_write = None if stale or held else computed_at
