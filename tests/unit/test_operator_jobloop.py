@@ -333,6 +333,30 @@ def test_a_status_write_that_failed_is_tried_again_by_the_next_pass(
     assert took == [{"step": 13}, {"step": 14}]
 
 
+def _clocked_status(monkeypatch: pytest.MonkeyPatch, hold: Any = lambda: 0.0) -> tuple[
+        list[float], Any, Any, dict[str, Any], list[dict[str, Any]]]:
+    """A fake monotonic clock (jobloop's and reconcile's) at 1000, 10 s progress interval
+    settings, a job last written long ago, what the watch shows of its status (Running, step
+    10), and the status patches the API server took: each one it holds `hold()` seconds."""
+    from rtj_operator import reconcile
+    from rtj_operator.config import OperatorSettings
+
+    clock = [1000.0]
+    monkeypatch.setattr(jobloop.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(reconcile.time, "monotonic", lambda: clock[0])
+    took: list[dict[str, Any]] = []
+
+    async def patch_status(_api: Any, *, status: dict[str, Any], **_: Any) -> bool:
+        clock[0] += hold()
+        took.append(status)
+        return True
+
+    monkeypatch.setattr(jobloop.actions, "patch_status", patch_status)
+    seen = {"state": "Running", "step": 10, "conditions": [], "incidents": [], "ranks": []}
+    return (clock, OperatorSettings(status_progress_interval_seconds=10.0),
+            reconcile.JobMemo(last_status_write=-math.inf), seen, took)
+
+
 def test_a_status_write_that_hung_through_an_outage_holds_progress_back_from_its_start(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """bench.chaos etcd-restart (ec6bf89): the status caught up 11.7 and 11.9 s after etcd was
@@ -340,26 +364,8 @@ def test_a_status_write_that_hung_through_an_outage_holds_progress_back_from_its
     went through when etcd returned, carrying the step of 8 s before, and progress then waited
     a whole interval from its end. The interval counts from when the patch was computed."""
 
-    from rtj_operator import reconcile
-    from rtj_operator.config import OperatorSettings
-
-    clock = [1000.0]
-    monkeypatch.setattr(jobloop.time, "monotonic", lambda: clock[0])
-    settings = OperatorSettings(status_progress_interval_seconds=10.0)
-    job = reconcile.JobMemo(last_status_write=-math.inf)
-    seen = {"state": "Running", "step": 10, "conditions": [], "incidents": [], "ranks": []}
-    took: list[dict[str, Any]] = []
-    etcd_down = True
-
-    async def patch_status(_api: Any, *, status: dict[str, Any], **_: Any) -> bool:
-        nonlocal etcd_down
-        if etcd_down:
-            clock[0] += 8.0  # held by kube-apiserver until etcd is back
-            etcd_down = False
-        took.append(status)
-        return True
-
-    monkeypatch.setattr(jobloop.actions, "patch_status", patch_status)
+    holds = iter([8.0])  # the first write is held by kube-apiserver until etcd is back
+    clock, settings, job, seen, took = _clocked_status(monkeypatch, lambda: next(holds, 0.0))
 
     def one_pass(step: int) -> dict[str, Any]:
         return _status_pass(job, seen, step, settings)
@@ -380,23 +386,9 @@ def test_a_status_write_held_briefly_through_an_outage_is_followed_by_a_fresh_on
     write held longer than `HELD_WRITE_SECONDS` is followed by a fresh one at the next pass."""
 
     from rtj_operator import reconcile
-    from rtj_operator.config import OperatorSettings
 
-    clock = [1000.0]
-    monkeypatch.setattr(jobloop.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(reconcile.time, "monotonic", lambda: clock[0])
-    settings = OperatorSettings(status_progress_interval_seconds=10.0)
-    job = reconcile.JobMemo(last_status_write=-math.inf)
-    seen = {"state": "Running", "step": 10, "conditions": [], "incidents": [], "ranks": []}
-    took: list[dict[str, Any]] = []
-    held = [reconcile.HELD_WRITE_SECONDS + 0.5]
-
-    async def patch_status(_api: Any, *, status: dict[str, Any], **_: Any) -> bool:
-        clock[0] += held[0]  # kube-apiserver holds the write until etcd is back
-        took.append(status)
-        return True
-
-    monkeypatch.setattr(jobloop.actions, "patch_status", patch_status)
+    held = [reconcile.HELD_WRITE_SECONDS + 0.5]  # kube-apiserver holds the write until etcd is back
+    clock, settings, job, seen, took = _clocked_status(monkeypatch, lambda: held[0])
 
     def one_pass(step: int) -> dict[str, Any]:
         return _status_pass(job, seen, step, settings)
@@ -422,21 +414,8 @@ def test_a_slow_pass_holds_progress_back_from_its_observation_not_its_write(
 
     from rtj_operator import reconcile
     from rtj_operator.api.status import ResilientTrainingJobStatus
-    from rtj_operator.config import OperatorSettings
 
-    clock = [1000.0]
-    monkeypatch.setattr(jobloop.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(reconcile.time, "monotonic", lambda: clock[0])
-    settings = OperatorSettings(status_progress_interval_seconds=10.0)
-    job = reconcile.JobMemo(last_status_write=-math.inf)
-    seen = {"state": "Running", "step": 10, "conditions": [], "incidents": [], "ranks": []}
-    took: list[dict[str, Any]] = []
-
-    async def patch_status(_api: Any, *, status: dict[str, Any], **_: Any) -> bool:
-        took.append(status)
-        return True
-
-    monkeypatch.setattr(jobloop.actions, "patch_status", patch_status)
+    clock, settings, job, seen, took = _clocked_status(monkeypatch)
     observed_at = clock[0]
     patch = reconcile._status_to_write(job, reconcile.with_unseen_writes(seen, job.written),
                                        ResilientTrainingJobStatus(state="Running", step=11),
