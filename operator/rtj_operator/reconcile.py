@@ -456,8 +456,8 @@ HELD_WRITE_SECONDS = 1.0
 instead of refusing): the values it wrote are stale by the time it went through."""
 
 
-def remember_written(memo: JobMemo, patch: Mapping[str, Any], computed_at: float,
-                     sent_at: float | None = None, stale: bool = False) -> None:
+def remember_written(memo: JobMemo, patch: Mapping[str, Any], *, computed_at: float,
+                     sent_at: float, stale: bool) -> None:
     """The status fields of `patch` were written: until the watch shows them, later passes
     compute their patches as if it did, and progress alone waits
     `status_progress_interval_seconds` from `computed_at` (monotonic), when the
@@ -478,5 +478,5 @@ def remember_written(memo: JobMemo, patch: Mapping[str, Any], computed_at: float
     # just before kube-apiserver's return (11.08 s, bench.chaos apiserver-stop at 6aff325). A
     # pass that was merely slow (a scrape waiting on a silent pod) is not held: its progress
     # waits the interval from its observation.
-    held = sent_at is not None and now - sent_at > HELD_WRITE_SECONDS
+    held = now - sent_at > HELD_WRITE_SECONDS
     memo.last_status_write = None if stale or held else computed_at
