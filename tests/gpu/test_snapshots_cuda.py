@@ -62,3 +62,34 @@ def test_without_room_in_device_memory_no_buffer_is_taken(tmp_path: Path) -> Non
     assert taker.usable is False
     assert not spare.exists()  # nothing would write over it: deleted (on a thread)
     assert taker.take(1, "a0", {"w": torch.zeros(1, device=device)}) is None
+
+
+def test_a_shard_read_onto_the_device_holds_its_large_tensors_there(tmp_path: Path) -> None:
+    from rtj_trainer import checkpoint as ck
+    from rtj_trainer.checkpoint import format as shard_format
+    from rtj_trainer.checkpoint import local, snapshots
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.manual_seed(1)
+    # 0.6 GB in uneven tensors; a generator's state and a 4-byte step stay small
+    state = {"w": [torch.randn(n, device=device) for n in (37 << 20, 5 << 20, 99_991)],
+             "m": torch.randn(3 << 20, device=device).to(torch.bfloat16),
+             "step": torch.tensor(12.0), "rng": torch.get_rng_state(), "n": 12}
+    taker = snapshots.SnapshotTaker(tmp_path, device=device, rank=0, bounce_bytes=7 << 20)
+    assert taker.take(12, "a0-l0-i0-1", state) is not None
+    taker.wait(120)
+    path = local.local_copies(tmp_path)[0].path
+    on_map = ck.read_shard(path)
+    loaded = ck.read_shard(path, device=device)
+    big = [*loaded["w"][:2], loaded["m"]]
+    assert all(t.device == device for t in big)
+    assert loaded["w"][2].device.type == "cpu"  # 400 KB: under DEVICE_VIEW_BYTES
+    assert loaded["step"].device.type == "cpu" and loaded["rng"].device.type == "cpu"
+    assert loaded["n"] == 12
+    for got, want in zip([*loaded["w"], loaded["m"]], [*on_map["w"], on_map["m"]], strict=True):
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+    for got, want in zip(state["w"], loaded["w"], strict=True):
+        assert torch.equal(got.cpu(), want.cpu())
+    free, _ = torch.cuda.mem_get_info(device)  # no room for the buffer: the map, as before
+    assert not shard_format.upload_room(device, free)
+    taker.close()

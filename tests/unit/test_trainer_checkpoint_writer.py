@@ -40,6 +40,30 @@ def test_a_shard_round_trips_bit_exactly_across_chunk_boundaries(tmp_path: Path)
     assert loaded["text"] == "kept"
 
 
+def test_an_upload_reads_every_byte_over_uneven_chunks_and_threads(tmp_path: Path) -> None:
+    from rtj_trainer.checkpoint import format as shard_format
+
+    data = torch.randint(0, 256, (10_007,), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(5))
+    path = tmp_path / "blob.bin"
+    path.write_bytes(b"head" + data.numpy().tobytes() + b"tail")
+    for threads, chunk in ((1, 10_007), (3, 1000), (8, 333)):  # chunks that miss the end
+        got = shard_format.upload(path, 4, data.numel(), torch.device("cpu"), threads=threads,
+                                  chunk_bytes=chunk)
+        assert got.dtype == torch.uint8 and torch.equal(got, data)
+    with pytest.raises(ck.CheckpointError, match="ends before byte"):  # a file cut short
+        shard_format.upload(path, 4, data.numel() + 100, torch.device("cpu"), chunk_bytes=999)
+
+
+def test_a_shard_is_read_through_the_map_where_no_device_takes_it(tmp_path: Path) -> None:
+    from rtj_trainer.checkpoint import format as shard_format
+
+    directory = save_checkpoint(tmp_path, 5)
+    assert not shard_format.upload_room(torch.device("cpu"), 1)
+    state = ck.read_shard(directory / ck.shard_file_name(1, 2), device=torch.device("cpu"))
+    assert torch.equal(state["w"], torch.full((4, 3), 51.0)) and state["w"].device.type == "cpu"
+
+
 def test_parallel_writers_produce_the_same_file_as_one(tmp_path: Path) -> None:
     skeleton, layout, blob = stage({"x": torch.randn(5000), "y": torch.arange(999)})
     for name, threads in (("one", 1), ("many", 8)):

@@ -311,7 +311,7 @@ class Resumable:
                 if copy.path.stat().st_size != expected:
                     raise CheckpointError(f"{copy.path.name}: {copy.path.stat().st_size} bytes, "
                                           f"the manifest records {expected}")
-            state = read_shard(copy.path)
+            state = read_shard(copy.path, device=self.device)  # RAM -> device at DMA speed
         except (CheckpointError, OSError) as exc:
             problem = str(exc)
         if not self._agree(state is not None):
