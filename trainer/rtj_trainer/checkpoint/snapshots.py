@@ -16,9 +16,8 @@ Why this shape:
   changes (a state dict, one copy launch per tensor, the header), about 25 ms after them.
 - **The host copy overlaps compute.** The thread waits for that event on a side stream and
   copies the buffer in chunks through two small page-locked buffers (`bounce_bytes` each:
-  the device-to-host copy of one chunk runs while the other is copied on into the file, by one
-  `memmove` that does not hold the GIL) into the memory map of the copy's file in
-  `checkpoint.local_dir`
+  the device-to-host copy of one chunk runs while the other is copied on into the file) into
+  the memory map of the copy's file in `checkpoint.local_dir`
   (rtj_trainer.checkpoint.local.publish_local_copy), then renames it into place. Copying
   straight into the (pageable) map stalled training instead: on an H100 the steps during a
   snapshot's copy took 4.6 s more in all, every snapshot (docs/benchmarks.md). Only the two
@@ -43,7 +42,6 @@ exercise every part but the side stream (the `gpu` tier covers it).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import threading
 import time
@@ -204,9 +202,7 @@ class SnapshotTaker:
         def land() -> None:
             bounce, start, end, done = inflight.pop(0)
             done.synchronize()
-            # One thread's memcpy without the GIL, not `copy_`: torch splits a CPU copy over its
-            # intra-op threads (16 on a one-rank run), which then spin beside the step loop.
-            ctypes.memmove(target.data_ptr() + start, bounce.data_ptr(), end - start)
+            target[start:end].copy_(bounce[: end - start])
 
         chunk = self._bounce[0].numel()
         for index, start in enumerate(range(0, source.numel(), chunk)):
