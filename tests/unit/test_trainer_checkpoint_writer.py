@@ -64,6 +64,22 @@ def test_a_shard_is_read_through_the_map_where_no_device_takes_it(tmp_path: Path
     assert torch.equal(state["w"], torch.full((4, 3), 51.0)) and state["w"].device.type == "cpu"
 
 
+def test_a_shard_whose_device_buffer_runs_out_of_memory_is_read_through_the_map(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from rtj_trainer.checkpoint import format as shard_format
+
+    def no_room(*_args: object, **_kwargs: object) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 11.30 GiB")
+
+    directory = save_checkpoint(tmp_path, 5)
+    # the room was there when asked, then another allocation took it
+    monkeypatch.setattr(shard_format, "upload_room", lambda *_: True)
+    monkeypatch.setattr(shard_format, "upload", no_room)
+    state = ck.read_shard(directory / ck.shard_file_name(1, 2), device=torch.device("cpu"))
+    assert torch.equal(state["w"], torch.full((4, 3), 51.0)) and state["step"] == 5
+    assert "read through its memory map (no room on cpu: CUDA out of memory" in caplog.text
+
+
 def test_parallel_writers_produce_the_same_file_as_one(tmp_path: Path) -> None:
     skeleton, layout, blob = stage({"x": torch.randn(5000), "y": torch.arange(999)})
     for name, threads in (("one", 1), ("many", 8)):

@@ -27,6 +27,7 @@ import base64
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -40,6 +41,8 @@ from typing import Any
 import torch
 
 from .staging import TensorLayout, TensorSlot, tensor_views, unflatten_state
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 3
 """3: JSON shard header, the manifest names the job (2: pickled header; 1: one torch.save
@@ -375,13 +378,21 @@ def read_shard(path: Path, *, device: torch.device | None = None) -> Any:
     blob = whole[data_offset:]
     try:
         tensors = tensor_views(blob, layout)
-        if device is not None and upload_room(device, blob_bytes):
-            on_device = tensor_views(upload(path, data_offset, blob_bytes, device), layout)
-            tensors = [near if item.nbytes >= DEVICE_VIEW_BYTES else far
-                       for item, near, far in zip(layout, on_device, tensors, strict=True)]
-        return unflatten_state(skeleton, tensors)
+        state = unflatten_state(skeleton, tensors)
     except (IndexError, RuntimeError) as exc:  # a slot past the layout, a shape that misfits
         raise CheckpointError(f"{path}: shard header does not fit its data: {exc}") from None
+    if device is None or not upload_room(device, blob_bytes):
+        return state
+    try:
+        data = upload(path, data_offset, blob_bytes, device)
+    except torch.OutOfMemoryError as exc:  # taken meanwhile: the map serves, only slower
+        log.warning("%s: read through its memory map (no room on %s: %s)", path.name, device,
+                    str(exc).splitlines()[0])
+        return state
+    on_device = tensor_views(data, layout)
+    return unflatten_state(skeleton, [near if item.nbytes >= DEVICE_VIEW_BYTES else far
+                                      for item, near, far in zip(layout, on_device, tensors,
+                                                                 strict=True)])
 
 
 DEVICE_VIEW_BYTES = 1 << 20
