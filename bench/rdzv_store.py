@@ -39,7 +39,7 @@ rank) is read per thread, and its address is a distinct fake pod IP. The health 
 before the join (NVML) make no store calls and are left out. Every store call is timed by name.
 
 With `--ranks-per-launcher` P, the in-process wrapper's ranks follow: their store is not
-nvrx-control's but the wrapper's own TCPStore, hosted by worker rank 0 at MASTER_PORT+2
+nvrx-control's but the wrapper's own TCPStore, hosted by worker rank 0 (side_store_ports)
 (rtj_trainer.nvrx.inprocess). A second subprocess serves it the same way (torch's TCPStore,
 libuv, 127.0.0.1), and `launchers x P` ranks, as `nvidia_resiliency_ext.inprocess.store.TCPStore`
 clients (the trainer's store_kwargs), make what `CallWrapper` makes: the initial barrier and

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from rtj_trainer.config import ConfigError
 from rtj_trainer.configload import build_config
-from rtj_trainer.launchenv import launch_environment
+from rtj_trainer.launchenv import launch_environment, side_store_ports
 
 pytestmark = pytest.mark.unit
 
@@ -73,6 +73,21 @@ def test_launch_environment_reads_launcher_variables() -> None:
                                  "FT_RANK_MONITOR_IPC_SOCKET": "/tmp/x.socket"})
     assert (launch.rank, launch.local_rank, launch.world_size) == (3, 1, 4)
     assert launch.launcher_restart_count == 2 and launch.under_rank_monitor
+
+
+def test_rank_0s_store_ports_lie_outside_the_ports_outgoing_connections_get() -> None:
+    # ft_launcher picks MASTER_PORT from the ephemeral range (Linux's default: 32768-60999); the
+    # ports beside it are the ones the kernel hands to any outgoing connection of the host
+    # (EADDRINUSE on MASTER_PORT + 1 once in CI)
+    launch = launch_environment({"MASTER_PORT": "56459"})
+    ports = (launch.app_store_port, launch.wrapper_store_port)
+    assert ports == side_store_ports(56459) and ports[1] == ports[0] + 1
+    for master in range(32768, 65536):
+        app, wrapper = side_store_ports(master)
+        assert 20000 <= app < wrapper < 32000
+    assert side_store_ports(40000) != side_store_ports(40001)  # neighbours: other ports
+    # a MASTER_PORT set by hand below that range keeps the two ports after it
+    assert side_store_ports(29500) == (29501, 29502)
 
 
 def test_faults_fire_only_when_fault_injection_is_enabled() -> None:

@@ -110,7 +110,7 @@ def init_distributed(
     if cuttable:
         assert gloo is not None
         gloo.record(before, exclude_ports=frozenset(
-            {launch.master_port, launch.master_port + 2}))
+            {launch.master_port, launch.wrapper_store_port}))
     return DistributedContext(
         rank=dist.get_rank(),
         local_rank=launch.local_rank,

@@ -9,8 +9,9 @@ The step loop never branches on them. NVRx itself is reached only through rtj_tr
   checkpoint. Without a rank monitor the same calls do nothing.
 - **`inprocess.Wrapper`** (switch: `resiliency.inprocess_restart`, env RTJ_INPROCESS_RESTART): the
   training function is re-entered in the same processes after a soft fault. Each restart iteration
-  builds its own process group on a fresh key prefix of an application TCPStore at
-  MASTER_PORT+1 (the wrapper's own store is at MASTER_PORT+2). On CPU the wrapper is built with
+  builds its own process group on a fresh key prefix of an application TCPStore (the wrapper has
+  a store of its own; both hosted by worker rank 0 at ports derived from MASTER_PORT:
+  rtj_trainer.launchenv.side_store_ports). On CPU the wrapper is built with
   LOCAL_RANK unset (otherwise it chains NVML health checks that fail without a GPU; docs/nvrx.md
   I1), gloo uses a short timeout and, since gloo cannot be aborted, the wrapper's abort cuts the
   attempt's gloo connections (rtj_trainer.gloocut) so that no rank waits that timeout out. On
@@ -322,7 +323,7 @@ class Resiliency:
             launch = launch_environment()
             self._app_store = TCPStore(
                 host_name=launch.master_addr,
-                port=launch.master_port + 1,
+                port=launch.app_store_port,
                 # Hosted by the process that started as rank 0; spares never connect to it.
                 is_master=self.launch.rank == 0,
                 multi_tenant=True,
@@ -346,7 +347,7 @@ class Resiliency:
         settings = inprocess.WrapperSettings(
             max_iterations=res.inprocess_max_restarts + 1,
             active_world_size=self.active_world_size,
-            store_port=self.launch.master_port + 2,
+            store_port=self.launch.wrapper_store_port,
             soft_timeout=soft,
             pod_loss_timeout=res.inprocess_pod_loss_timeout_seconds,
             spares=bool(res.spare_nodes),
@@ -427,7 +428,7 @@ class Resiliency:
         return podloss.PodLossListener(
             path=Path(path), pod_uid=uid, initial_rank=launch.rank,
             connect=lambda: wrapper_store.client(
-                launch.master_addr, launch.master_port + 2, connect_seconds=30.0,
+                launch.master_addr, launch.wrapper_store_port, connect_seconds=30.0,
                 op_seconds=10.0))
 
 

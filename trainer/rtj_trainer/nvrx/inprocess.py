@@ -72,7 +72,7 @@ class WrapperSettings:
     active_world_size: int
     """Ranks that train; the others (warm spares) wait inactive."""
     store_port: int
-    """Port of the wrapper's own TCPStore (MASTER_PORT + 2)."""
+    """Port of the wrapper's own TCPStore (rtj_trainer.launchenv `side_store_ports`)."""
     soft_timeout: float
     """Seconds without progress after which the wrapper restarts the attempt in place."""
     pod_loss_timeout: float
