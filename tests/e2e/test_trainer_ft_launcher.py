@@ -288,7 +288,9 @@ def test_a_hang_is_caught_by_the_timeout_learned_from_the_steps(tmp_path: Path) 
     found = re.search(r"no progress for ([\d.]+) s in a step \(learned hang timeout ([\d.]+) s",
                       out)
     assert found, out[-3000:]
-    assert float(found.group(1)) > float(found.group(2)) >= 8.0, found.group(0)
+    # The watch fires once the quiet time exceeds the limit; the log prints both to 0.01 s, so
+    # a quiet time of 8.004 s against a limit of 8.00 s reads "8.00 ... 8.00" (CI, 200c7b2).
+    assert float(found.group(1)) >= float(found.group(2)) >= 8.0, found.group(0)
     learned = summary["learned_hang_timeout"]
     assert learned["reported"] == 1 and learned["seconds"] >= 8.0, learned
     # Steps 2-7 of the first attempt, 9-30 of the second (its first step, 8, is not timed).
