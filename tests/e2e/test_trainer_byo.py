@@ -126,6 +126,7 @@ def final_loss(output: str, step: int) -> str:
     return found[-1]
 
 
+@pytest.mark.long
 def test_a_script_with_nvrx_heartbeats_is_listed_from_its_rank_monitors(tmp_path: Path) -> None:
     run = Launch(tmp_path, [PYTHON, str(PLAIN), "--steps", "40", "--step-seconds", "0.25"])
     first = run.wait_for("both ranks listed from their rank monitors", lambda: (

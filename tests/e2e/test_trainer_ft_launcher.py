@@ -246,6 +246,7 @@ def test_inprocess_restart_recovers_an_exception_in_the_same_processes(
     assert sorted(started) == sorted(["0", "1", *stopped]), (started, stopped)
 
 
+@pytest.mark.long
 def test_inprocess_restart_catches_a_hang_by_its_soft_timeout(tmp_path: Path) -> None:
     """One rank (no peer whose collective timeout could raise for it) stops making progress while
     alive: the in-process wrapper's soft timeout (4 s) restarts it in its process, long before
@@ -302,7 +303,7 @@ def test_a_hang_is_caught_by_the_timeout_learned_from_the_steps(tmp_path: Path) 
     assert "resumed from step-000000007" in out and "from the training state at the fault" in out
 
 
-@pytest.mark.parametrize("startup_timeout", [None, 4])
+@pytest.mark.parametrize("startup_timeout", [None, pytest.param(4, marks=pytest.mark.long)])
 def test_a_slow_first_step_is_not_taken_for_a_hang_but_a_slow_later_step_is(
     tmp_path: Path, startup_timeout: int | None
 ) -> None:
@@ -392,6 +393,7 @@ def test_a_rank_blocked_past_twice_the_soft_timeout_still_resumes_from_the_state
     assert [e["step"] for e in losses] == list(range(1, STEPS + 1)), _resumes(out)
 
 
+@pytest.mark.long
 def test_a_finished_job_is_not_taken_for_a_hang_on_its_way_out(tmp_path: Path) -> None:
     """After the last step's checkpoint is committed the worker still has work that runs no
     Python for seconds (deleting GBs of node-local copies, unpinning the staging buffer, NVRx's
@@ -663,6 +665,7 @@ def test_warm_workers_replace_a_killed_worker_and_the_losses_are_unchanged(
     assert _warm_workers_left(tmp_path) == []
 
 
+@pytest.mark.long
 def test_warm_workers_checkpoint_and_stop_on_sigterm(
     tmp_path: Path, fault_free: dict[int, float]
 ) -> None:
