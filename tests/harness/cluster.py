@@ -28,7 +28,11 @@ if TYPE_CHECKING:
     import kubernetes.client
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
-VENV_BIN = REPO_ROOT / ".venv" / "bin"
+# The venv running the harness: its pods run `python` and NVRx's commands (`nvrx-control`) from
+# it. From a `git worktree` without a .venv of its own (a benchmark at an older commit), the
+# worktree's `.venv/bin` does not exist and the pods would run the system's Python.
+VENV_BIN = (Path(sys.prefix) / "bin" if sys.prefix != sys.base_prefix
+            else REPO_ROOT / ".venv" / "bin")
 CRD_DIR = REPO_ROOT / "crds"
 NODE_READY_TIMEOUT = 90.0
 START_ATTEMPTS = 3
