@@ -216,8 +216,10 @@ class Resumable:
                 log.warning("not resuming from %s: %s", name, problems or "another rank's shard")
                 continue
             try:  # a shard whose header is not plain data (format docstring) is refused here
+                # On CUDA read onto the device as the node-local copies are (format.upload);
+                # with checksums verified (the default) the file is in the page cache by now.
                 state: dict[str, Any] | None = read_shard(
-                    directory / shard_file_name(self.rank, self.world_size))
+                    directory / shard_file_name(self.rank, self.world_size), device=self.device)
                 problem = ""
             except CheckpointError as exc:
                 state, problem = None, str(exc)
