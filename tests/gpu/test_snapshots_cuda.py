@@ -90,6 +90,12 @@ def test_a_shard_read_onto_the_device_holds_its_large_tensors_there(tmp_path: Pa
         assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
     for got, want in zip(state["w"], loaded["w"], strict=True):
         assert torch.equal(got.cpu(), want.cpu())
+    # A script's own entries (rtj_trainer.lib) come back on the host, equal to the map's.
+    from rtj_trainer.lib.run import _on_host
+    host = _on_host(loaded)
+    assert all(t.device.type == "cpu" for t in [*host["w"], host["m"]])
+    for got, want in zip([*host["w"], host["m"]], [*on_map["w"], on_map["m"]], strict=True):
+        assert torch.equal(got, want)
     free, _ = torch.cuda.mem_get_info(device)  # no room for the buffer: the map, as before
     assert not shard_format.upload_room(device, free)
     taker.close()

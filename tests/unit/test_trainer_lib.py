@@ -133,3 +133,20 @@ def test_the_hugging_face_callback_reports_the_trainers_steps_and_saves(
     message = json.loads((one_rank / "termination-log").read_text())
     assert message["outcome"] == "Succeeded" and message["committedStep"] == 6
     assert last_checkpoint(str(output)) == str(output / "checkpoint-6")
+
+
+def test_the_scripts_own_entries_come_back_on_the_host() -> None:
+    """`Run._load` hands the script's own entries (plain data, stateful objects) through
+    `_on_host`: a checkpoint read onto a CUDA device (format.read_shard) holds its large tensors
+    there, and those entries must come back where a read from the file's map put them, the
+    CPU. Here: CPU tensors stay the same objects, containers and plain data keep their shape.
+    The CUDA half is tests/gpu/test_snapshots_cuda.py."""
+    from rtj_trainer.lib.run import _on_host
+
+    big, small = torch.arange(1 << 19, dtype=torch.float32), torch.tensor([3])
+    tree = {"ema": big, "hist": [small, (1, "x", small)], "n": 7, "none": None}
+    back = _on_host(tree)
+    assert sorted(back) == ["ema", "hist", "n", "none"]
+    assert back["ema"] is big and back["hist"][0] is small and back["hist"][1][2] is small
+    assert isinstance(back["hist"], list) and isinstance(back["hist"][1], tuple)
+    assert back["hist"][1][:2] == (1, "x") and back["n"] == 7 and back["none"] is None

@@ -313,10 +313,14 @@ class Run:
             if key not in saved:
                 raise ConfigError(f"checkpoint holds no {key!r}: the state saved had "
                                   f"{sorted(k for k in saved if k != RESERVED)}")
+            # On CUDA the checkpoint's large tensors are read onto the device (format.read_shard)
+            # for the model and optimizer; the script's own entries come back on the host, as
+            # they did when every tensor was read from the file's map.
+            entry = _on_host(saved[key])
             if _stateful(value):
-                value.load_state_dict(saved[key])
+                value.load_state_dict(entry)
             else:
-                self.state[key] = saved[key]
+                self.state[key] = entry
 
     def _resume(self) -> int:
         loaded = self.checkpointer.load_latest() if self.state is not None else None
@@ -380,6 +384,20 @@ def init(state: dict[str, Any] | None, *, nvrx_heartbeats: bool = True) -> Run:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+
+
+def _on_host(tree: Any) -> Any:
+    """`tree` (dicts, lists and tuples of tensors and plain data) with every tensor not on the
+    CPU copied there; the rest as it is."""
+    if isinstance(tree, torch.Tensor):
+        return tree if tree.device.type == "cpu" else tree.cpu()
+    if isinstance(tree, dict):
+        return {key: _on_host(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_on_host(value) for value in tree]
+    if isinstance(tree, tuple):
+        return tuple(_on_host(value) for value in tree)
+    return tree
 
 
 def _stateful(value: Any) -> bool:
