@@ -133,14 +133,16 @@ def test_a_killed_worker_resumes_from_a_node_local_snapshot_between_saves(
     tmp_path: Path, fault_free: dict[int, float]
 ) -> None:
     """Issue #32: saves every 10 steps, node-local snapshots every 2 between them
-    (`checkpoint.local_interval_steps`). Rank 1 is SIGKILLed at the start of step 15: the
-    launcher restarts both workers, and they resume from the newest snapshot both hold (step 14,
-    or 12 if 14's write had not finished), not from the commit of step 10; the losses are the
-    fault-free run's."""
+    (`checkpoint.local_interval_steps`), saves staged through the snapshots' device copy when
+    it is free (`checkpoint.save_device_copy`, on by default on CUDA only). Rank 1 is SIGKILLed
+    at the start of step 15: the launcher restarts both workers, and they resume from the
+    newest snapshot both hold (step 14, or 12 if 14's write had not finished), not from the
+    commit of step 10; the losses are the fault-free run's."""
     out = _run(tmp_path, faults="15:1:sigkill", args=(
         "--set", "checkpoint.interval_steps=10",
         "--set", f"checkpoint.local_dir={tmp_path / 'shm'}",
         "--set", "checkpoint.local_interval_steps=2",
+        "--set", "checkpoint.save_device_copy=true",
         "--set", "train.min_step_seconds=0.2"))
     summary = _summary(out)
     assert summary["restarts"] == {"inprocess": 0, "launcher": 1, "pod": 0}
@@ -151,6 +153,9 @@ def test_a_killed_worker_resumes_from_a_node_local_snapshot_between_saves(
     # steps a SIGKILL recomputes (docs/benchmarks.md, issue #32's table)
     assert 1 <= snapshots["thread_copies"] <= snapshots["taken"], summary
     assert 0 < snapshots["thread_copy_seconds_last"] <= snapshots["thread_copy_seconds_max"]
+    # the saves of 20 and 30 in this attempt: through the device copy unless a snapshot's copy
+    # of 2 steps before still ran (then staged as before; both were committed: above)
+    assert 1 <= summary["attempt_saves_through_device_copy"] <= 2, summary
     losses = _losses(tmp_path)
     attempts: list[str] = []
     for entry in losses:

@@ -99,3 +99,45 @@ def test_a_shard_read_onto_the_device_holds_its_large_tensors_there(tmp_path: Pa
     free, _ = torch.cuda.mem_get_info(device)  # no room for the buffer: the map, as before
     assert not shard_format.upload_room(device, free)
     taker.close()
+
+
+def test_a_save_staged_through_the_device_copy_is_of_its_step(tmp_path: Path) -> None:
+    """Issue #32: on CUDA a save is staged through the snapshots' device buffer by default
+    (`checkpoint.save_device_copy`): `save` returns after the copy into it on the training
+    stream, a thread copies it to the page-locked staging buffer on a side stream, and the write
+    follows. The committed shard holds the state of its step although the training stream
+    changed the state in place right after `save` returned."""
+    import torch.distributed as dist
+    from rtj_trainer import checkpoint as ck
+    from rtj_trainer.config import CheckpointConfig
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.manual_seed(2)
+    params = [torch.randn(64 << 20, device=device) for _ in range(4)]  # ~1 GB
+    expected = [p.cpu() for p in params]
+    store = tmp_path / "store"
+    cfg = CheckpointConfig(dir=str(store), interval_steps=10, mode="async",
+                           local_dir=str(tmp_path / "shm"), local_interval_steps=5)
+    assert cfg.save_device_copy is None  # the default: on for CUDA
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    checkpointer = ck.Checkpointer(cfg, root=store, rank=0, world_size=1, device=device,
+                                   identity="a9")
+    try:
+        state = {"params": params, "step": 10}
+        checkpointer.prepare(state)
+        assert checkpointer.defers_saves()
+        checkpointer.save(10, state)
+        assert checkpointer.stats.saves_through_device_copy == 1
+        for _ in range(20):  # the next steps, on the training stream
+            for p in params:
+                p.mul_(1.5).add_(1.0)
+        checkpointer.wait_until_committed(120)
+        assert checkpointer.stats.committed_step == 10
+        shard = next(store.glob("step-000000010.*/*.bin"))
+        loaded = ck.read_shard(shard)
+        assert loaded["step"] == 10
+        for got, want in zip(loaded["params"], expected, strict=True):
+            assert torch.equal(got, want)
+    finally:
+        checkpointer.close()
+        dist.destroy_process_group()

@@ -418,3 +418,124 @@ def test_the_staging_buffer_is_allocated_beside_the_step_loop_and_a_save_waits_f
     finally:
         gate.set()
         checkpointer.close()
+
+
+def _deferring(tmp_path: Path) -> ck.Checkpointer:
+    """An async checkpointer with the snapshots' device copy, saves staged through it
+    (`checkpoint.save_device_copy`, on CPU only when asked: the device buffer is host memory)."""
+    store = tmp_path / "store"
+    cfg = CheckpointConfig(dir=str(store), interval_steps=10, mode="async",
+                           local_dir=str(tmp_path / "shm"), local_interval_steps=5,
+                           save_device_copy=True)
+    return ck.Checkpointer(cfg, root=store, rank=0, world_size=1, device=torch.device("cpu"),
+                           identity="a9")
+
+
+def test_a_save_staged_through_the_device_copy_is_of_its_step_and_commits(
+        tmp_path: Path, one_rank_group: object) -> None:
+    """Issue #32: the step loop waited ~0.2 s a save for the device-to-host copy of an 11.3 GB
+    shard. Staged through the snapshots' device buffer, `save` returns after the copy into it;
+    a thread copies that buffer to the staging buffer, and the write is requested once it is
+    there. The committed shard holds the state of its step although the state changed in place
+    right after `save` returned, and the staging buffer then holds that save (an in-process
+    restart's rollback)."""
+    checkpointer = _deferring(tmp_path)
+    assert checkpointer.defers_saves()
+    weights = torch.full((1000,), 1.0)
+    try:
+        checkpointer.save(10, {"w": weights, "step": 10})
+        assert checkpointer._deferred is not None  # the write is not requested yet
+        assert checkpointer._staging.staged is None  # nor does the buffer hold it yet
+        weights.fill_(9.0)  # the next steps' updates
+        checkpointer.wait_until_committed(30)
+        assert checkpointer._deferred is None
+        assert checkpointer.stats.committed_step == 10
+        staged = checkpointer._staging.staged
+        assert staged is not None and staged.step == 10 and not staged.live
+        shard = next((tmp_path / "store").glob("step-000000010.*/*.bin"))
+        state = ck.read_shard(shard)
+        assert state["step"] == 10 and torch.equal(state["w"], torch.full((1000,), 1.0))
+        copy = next(c for c in local.local_copies(checkpointer._local) if c.step == 10)
+        assert torch.equal(ck.read_shard(copy.path)["w"], torch.full((1000,), 1.0))
+        # the device buffer is free again: the next snapshot is taken, of its own step
+        assert checkpointer.snapshot_ready()
+        checkpointer.snapshot(15, {"w": weights, "step": 15})
+        checkpointer._snapshots.wait(30)
+        copy = next(c for c in local.local_copies(checkpointer._local) if c.step == 15)
+        assert torch.equal(ck.read_shard(copy.path)["w"], torch.full((1000,), 9.0))
+    finally:
+        checkpointer.close()
+
+
+def test_a_save_is_staged_as_before_while_a_snapshot_is_being_copied(
+        tmp_path: Path, one_rank_group: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device buffer is busy while a snapshot's thread copies it: a save due then is staged
+    into the host buffer in the step loop (it does not wait for the snapshot)."""
+    import threading
+
+    from rtj_trainer.checkpoint import snapshots
+
+    gate = threading.Event()
+    write = snapshots.SnapshotTaker._write
+
+    def held_back(self: snapshots.SnapshotTaker, *args: object) -> None:
+        assert gate.wait(30)
+        write(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(snapshots.SnapshotTaker, "_write", held_back)
+    checkpointer = _deferring(tmp_path)
+    try:
+        checkpointer.snapshot(5, {"w": torch.full((10,), 0.5), "step": 5})
+        assert not checkpointer.defers_saves()
+        checkpointer.save(10, {"w": torch.full((10,), 1.0), "step": 10})
+        assert checkpointer._deferred is None
+        staged = checkpointer._staging.staged
+        assert staged is not None and staged.step == 10  # staged in the step loop
+        gate.set()
+        checkpointer.wait_until_committed(30)
+        assert checkpointer.stats.committed_step == 10
+    finally:
+        gate.set()
+        checkpointer.close()
+
+
+def test_an_aborted_attempt_gives_up_a_save_still_being_staged(
+        tmp_path: Path, one_rank_group: object) -> None:
+    """An in-process restart closes the checkpointer (abort) before the save's write was
+    requested: the save is given up (nothing written, nothing left pending), as a save whose
+    busy writer is stopped is, and the staging buffer claims no save."""
+    checkpointer = _deferring(tmp_path)
+    try:
+        checkpointer.save(10, {"w": torch.full((10,), 1.0), "step": 10})
+        assert checkpointer._deferred is not None
+    finally:
+        checkpointer.close(abort=True)
+        checkpointer._writers.release()  # the idle writer it kept for a next attempt
+    assert checkpointer._deferred is None and not checkpointer._pending
+    assert checkpointer._staging.staged is None
+    assert not list((tmp_path / "store").glob("step-000000010.*/*.json"))
+    assert not local.local_copies(checkpointer._local)
+
+
+def test_a_failed_staging_copy_leaves_the_saves_error_record_and_it_never_commits(
+        tmp_path: Path, one_rank_group: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread's copy into the staging buffer fails (e.g. a device error): the save is not
+    written; its `.error` record says why, as a failed write's does, and rank 0 abandons it."""
+    from rtj_trainer.checkpoint import snapshots
+
+    def fails(self: snapshots.SnapshotTaker, source: torch.Tensor, target: torch.Tensor,
+              event: object) -> None:
+        self._staging_error = RuntimeError("injected staging failure")
+
+    monkeypatch.setattr(snapshots.SnapshotTaker, "_to_host", fails)
+    checkpointer = _deferring(tmp_path)
+    checkpointer.cfg = checkpointer.cfg.model_copy(update={"commit_timeout_seconds": 2.0})
+    try:
+        checkpointer.save(10, {"w": torch.full((10,), 1.0), "step": 10})
+        checkpointer.wait_until_committed(30)
+        assert checkpointer.stats.committed_step < 10
+        errors = list((tmp_path / "store").glob("step-000000010.*/*.error"))
+        assert len(errors) == 1 and "injected staging failure" in errors[0].read_text()
+        assert checkpointer._staging.staged is None
+    finally:
+        checkpointer.close()

@@ -109,6 +109,18 @@ class _SnapshotWrite:
         self.written = True
 
 
+@dataclass(slots=True)
+class _DeferredSave:
+    """A save whose state a thread is still copying into the staging buffer
+    (`SnapshotTaker.stage`); its write is requested once the copy is there
+    (`Checkpointer._flush_deferred`)."""
+
+    pending: PendingSave
+    staged: Staged
+    writer: Callable[..., None]
+    args: tuple[Any, ...]
+
+
 class Checkpointer(CommitTracking, Resumable):
     """Save/poll/load for one rank. All ranks call `save` at the same steps and `load` together;
     `poll` is local (no collectives) and is called every step."""
@@ -158,6 +170,8 @@ class Checkpointer(CommitTracking, Resumable):
         self._queue: Any = None
         self._snapshot = _SnapshotWrite()
         """The last snapshot's write (`snapshot`)."""
+        self._deferred: _DeferredSave | None = None
+        """A save staged through the device copy, its write not requested yet (`save`)."""
         self._local: Path | None = None
         if cfg.local_dir:
             self._local = local_copy_dir(Path(cfg.local_dir), root, rank, world_size)
@@ -188,7 +202,8 @@ class Checkpointer(CommitTracking, Resumable):
     def _writer_idle(self) -> bool:
         """Whether this rank's writer runs and has no write of this attempt in flight (only its
         start-up request may still be unanswered: it touches no buffer)."""
-        if self._queue is None:
+        self._flush_deferred(wait=False)
+        if self._queue is None or self._deferred is not None:
             return False
         try:
             self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
@@ -209,6 +224,7 @@ class Checkpointer(CommitTracking, Resumable):
         """Block until this rank's in-flight writes are finalized (before reusing the buffer),
         or CommitTimeoutError past `deadline` (time.monotonic). The writer's start-up request is
         not waited for: a write simply queues behind it."""
+        self._flush_deferred(wait=True)
         while self._queue is not None and not self._writes_done():
             self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
             if self._writes_done():
@@ -266,9 +282,19 @@ class Checkpointer(CommitTracking, Resumable):
         waited = time.perf_counter()
         directory = self.root / checkpoint_dir_name(step, self.identity)
         directory.mkdir(parents=True, exist_ok=True)
-        skeleton, layout, blob = stage_to_host(state, self.device, self._staging)
-        self._staging.staged = Staged(step, self.identity, self.rank, self.world_size, skeleton,
-                                      layout)
+        deferred = None
+        if self.defers_saves():
+            assert self._snapshots is not None
+            deferred = self._snapshots.stage(
+                state, lambda total: self._staging.ensure(total, self.device))
+        if deferred is not None:
+            skeleton, layout, blob = deferred
+            self._staging.staged = None  # until the thread's copy is there (_flush_deferred)
+            self.stats.saves_through_device_copy += 1
+        else:
+            skeleton, layout, blob = stage_to_host(state, self.device, self._staging)
+            self._staging.staged = Staged(step, self.identity, self.rank, self.world_size,
+                                          skeleton, layout)
         copied = time.perf_counter()
         args = (
             str(directory / shard_file_name(self.rank, self.world_size)),
@@ -284,7 +310,12 @@ class Checkpointer(CommitTracking, Resumable):
         if self._local is not None and local_copy:
             writer = functools.partial(write_shard, fail=fail,
                                        local_copy=(str(self._local), step, self.identity))
-        if self.cfg.mode == "async":
+        if deferred is not None:
+            self._deferred = _DeferredSave(
+                pending, Staged(step, self.identity, self.rank, self.world_size, skeleton,
+                                layout), writer, args)
+            self._pending.append(pending)
+        elif self.cfg.mode == "async":
 
             def finalize() -> None:
                 pending.written = True
@@ -309,6 +340,60 @@ class Checkpointer(CommitTracking, Resumable):
         self.stats.last_wait_seconds = pending.wait_seconds
         self.stats.last_copy_seconds = pending.copy_seconds
         return pending.stall_seconds
+
+    def defers_saves(self) -> bool:
+        """Whether the next save is staged through the snapshots' device copy
+        (`checkpoint.save_device_copy`): async mode, a usable device buffer that no snapshot
+        is using now. The trainer then reads its state in place for the save, as for a
+        snapshot."""
+        taker = self._snapshots
+        wanted = self.cfg.save_device_copy
+        if wanted is None:
+            wanted = self.device.type == "cuda"
+        return bool(wanted and self.cfg.mode == "async" and taker is not None
+                    and taker.usable is not False and taker.ready())
+
+    def _flush_deferred(self, *, wait: bool) -> None:
+        """Request the write of a save staged through the device copy once the thread's copy
+        into the staging buffer is done (`wait`: wait for it). A copy that failed leaves the
+        save's `.error` record, as a failed write does: it never commits."""
+        deferred = self._deferred
+        if deferred is None or self._snapshots is None:
+            return
+        if not wait and not self._snapshots.ready():
+            return
+        self._snapshots.wait()
+        self._deferred = None
+        error = self._snapshots.staging_error()
+        if error is not None:
+            log.error("staging the checkpoint of step %d failed: %s", deferred.pending.step,
+                      error, extra={"rank": self.rank})
+            with contextlib.suppress(OSError):
+                Path(str(deferred.args[1]) + ".error").write_text(repr(error))
+            deferred.pending.written = True
+            return
+        self._staging.staged = deferred.staged
+        pending = deferred.pending
+
+        def finalize() -> None:
+            pending.written = True
+
+        request = asyncwriter.request(
+            deferred.writer, (*deferred.args, True, self.cfg.test_write_delay_seconds),
+            [finalize])
+        self._async_queue().schedule_async_request(request)
+
+    def _discard_deferred(self) -> None:
+        """An aborted attempt: a save still being staged through the device copy is given up
+        (its thread joined: it writes the staging buffer, which the next attempt reuses)."""
+        deferred = self._deferred
+        if deferred is None:
+            return
+        if self._snapshots is not None:
+            self._snapshots.wait()
+        self._deferred = None
+        with contextlib.suppress(ValueError):
+            self._pending.remove(deferred.pending)
 
     def snapshot_ready(self) -> bool:
         """Whether a snapshot (`snapshot`) can start now without waiting: a node-local folder,
@@ -368,6 +453,7 @@ class Checkpointer(CommitTracking, Resumable):
         buffer is stopped first (as `close(abort=True)` would stop it). Cut short, the buffer
         holds no save at all, and the next attempt resumes from a copy on disk."""
         self._staging_allocated()
+        self._discard_deferred()
         if self._queue is not None and not self._writer_idle():
             self._stop_busy_writer()
         skeleton, layout, _ = stage_to_host(state, self.device, self._staging)
@@ -462,6 +548,10 @@ class Checkpointer(CommitTracking, Resumable):
         the staging buffer. Every step may run again: an in-process restart can interrupt it
         (NVRx's monitor thread raises into the main thread again and again once its soft
         timeout passed), and `close_interrupted` finishes it once nothing interrupts any more."""
+        if abort:
+            self._discard_deferred()
+        else:
+            self._flush_deferred(wait=True)  # its write is waited for below
         if self._snapshots is not None:
             self._snapshots.close()  # a snapshot cut short leaves no copy
         self._staging_allocated()  # never released (or kept) while being allocated

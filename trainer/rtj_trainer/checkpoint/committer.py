@@ -37,6 +37,8 @@ class CheckpointStats:
     """The directory of `committed_step` when this attempt committed it (None for a checkpoint
     an earlier attempt committed)."""
     commits_this_attempt: int = 0
+    saves_through_device_copy: int = 0
+    """This attempt's saves staged through the snapshots' device copy (`save_device_copy`)."""
     abandoned: int = 0
     """Checkpoints given up because a rank's shard write failed (later ones still commit)."""
     newly_committed: list[int] = field(default_factory=list)

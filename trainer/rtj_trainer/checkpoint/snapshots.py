@@ -45,6 +45,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ import torch
 
 from .format import WRITE_CHUNK_BYTES, encode_header
 from .local import drop_spare, publish_local_copy
-from .staging import flatten_state, plan_layout, tensor_views
+from .staging import TensorLayout, flatten_state, plan_layout, tensor_views
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class SnapshotTaker:
         self._cancel = threading.Event()
         self._stream: Any = None
         self._bounce: list[torch.Tensor] = []
+        self._staging_error: BaseException | None = None
         self.written = 0
         self.failed = 0
         self.last_write_seconds = 0.0
@@ -125,11 +127,11 @@ class SnapshotTaker:
         """Whether a snapshot can start now: no earlier one is still being copied."""
         return self._thread is None or not self._thread.is_alive()
 
-    def take(self, step: int, identity: str, state: dict[str, Any]) -> float | None:
-        """Copy `state` into the device buffer and start the thread that writes it as this
-        rank's local copy of `step`; returns the seconds the caller was blocked, or None when
-        the device has no room for the buffer (nothing taken: `usable` is False)."""
-        began = time.perf_counter()
+    def _copy_in(self, state: dict[str, Any]
+                 ) -> tuple[Any, list[TensorLayout], int, Any] | None:
+        """Copy `state` into the device buffer on the training stream: (skeleton, layout, its
+        bytes, the event after the copy (None on CPU)), or None when the device has no room
+        for the buffer (`usable` is False)."""
         if self.usable is False:
             return None
         if not self.ready():
@@ -147,6 +149,17 @@ class SnapshotTaker:
         if self.device.type == "cuda":
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record()  # the training stream: the copies above, nothing after them
+        return skeleton, layout, total, event
+
+    def take(self, step: int, identity: str, state: dict[str, Any]) -> float | None:
+        """Copy `state` into the device buffer and start the thread that writes it as this
+        rank's local copy of `step`; returns the seconds the caller was blocked, or None when
+        the device has no room for the buffer (nothing taken: `usable` is False)."""
+        began = time.perf_counter()
+        copied = self._copy_in(state)
+        if copied is None:
+            return None
+        skeleton, layout, total, event = copied
         header = encode_header(skeleton, layout, total)
         self._cancel.clear()
         self._thread = threading.Thread(
@@ -154,6 +167,42 @@ class SnapshotTaker:
             name=f"rtj-snapshot-{step}", daemon=True)
         self._thread.start()
         return time.perf_counter() - began
+
+    def stage(self, state: dict[str, Any], host: Callable[[int], torch.Tensor]
+              ) -> tuple[Any, list[TensorLayout], torch.Tensor] | None:
+        """A save's staging off the step loop: copy `state` into the device buffer (as `take`),
+        then a thread copies that buffer into `host(nbytes)` (the staging buffer, page-locked:
+        one DMA on the side stream, ~0.2 s for 11.3 GB, which the step loop waited for before).
+        Returns (skeleton, layout, host buffer) at once, or None when there is no device buffer
+        (nothing done). The host buffer holds the state once `ready()` is True again and
+        `staging_error()` is None."""
+        copied = self._copy_in(state)
+        if copied is None:
+            return None
+        skeleton, layout, total, event = copied
+        assert self._buffer is not None
+        target = host(total)
+        self._staging_error = None
+        self._thread = threading.Thread(target=self._to_host, args=(self._buffer, target, event),
+                                        name="rtj-save-staging", daemon=True)
+        self._thread.start()
+        return skeleton, layout, target
+
+    def _to_host(self, source: torch.Tensor, target: torch.Tensor, event: Any) -> None:
+        try:
+            if event is None:
+                target.copy_(source)
+                return
+            with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+                self._stream.wait_event(event)
+                target.copy_(source, non_blocking=True)
+                self._stream.synchronize()
+        except Exception as exc:  # the save is not written (Checkpointer._flush_deferred)
+            self._staging_error = exc
+
+    def staging_error(self) -> BaseException | None:
+        """Why the last `stage` copy failed (None: it did, or none ran); call once `ready()`."""
+        return self._staging_error
 
     def _write(self, step: int, identity: str, header: bytes, source: torch.Tensor,
                event: Any) -> None:

@@ -63,11 +63,16 @@ class CommitTracking:
     _resumed_from: Path | None
     _owners: dict[str, str]
 
+    def _flush_deferred(self, *, wait: bool) -> None:
+        """Request the write of a save still being staged (Checkpointer: its saves through the
+        device copy); here: none."""
+
     def poll(self) -> CheckpointStats:
         """Finalize finished local writes and notice commits. Cheap and local: on rank 0 a queue
         hand-over to the commit thread and a drain of its results (no file access); on the
         other ranks one `stat` of `commit-progress.json` while a save is pending."""
         self.stats.newly_committed = []
+        self._flush_deferred(wait=False)
         if self._lock is not None and (lost := self._lock.lost_error()) is not None:
             raise lost  # another job took the directory over (fatal)
         if self._queue is not None and self._queue.get_num_unfinalized_calls():
