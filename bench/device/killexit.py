@@ -1,0 +1,81 @@
+"""How long a SIGKILLed CUDA process takes to be gone (issue #32's SIGKILL `detect` phase).
+
+ft_launcher notices a dead worker only once the process has exited (its poll sees the exit
+status), and the kernel tears down the process's memory and the CUDA driver its context before
+that. This kills a child that holds what a 1B rank holds (GPU memory, an 11.3 GB shared staging
+buffer, page-locked or not) and times SIGKILL -> waitpid returns, and -> NVML shows the GPU
+memory freed (what ft_launcher's `--ft-gpu-memory-reclaim-timeout` waits for).
+
+    python3 bench/device/killexit.py --out $OUT/killexit.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+CHILD = r"""
+import sys, time, torch
+gpu_gib, host_gib, register = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
+torch.cuda.init()
+blocks = [torch.empty(1 << 30, dtype=torch.uint8, device="cuda") for _ in range(int(gpu_gib))]
+torch.cuda.synchronize()
+if host_gib:
+    host = torch.empty(int(host_gib * (1 << 30)), dtype=torch.uint8).share_memory_()
+    host.fill_(1)
+    if register:
+        rc = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.numel(), 0)
+        assert int(rc) == 0, rc
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def used_mib() -> float:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                          "-i", "0"], capture_output=True, text=True, check=True).stdout
+    return float(out.strip().splitlines()[0])
+
+
+def one(gpu_gib: float, host_gib: float, register: bool) -> dict[str, float | bool]:
+    baseline = used_mib()
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(gpu_gib), str(host_gib),
+                              "1" if register else "0"], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    held = used_mib()
+    killed = time.perf_counter()
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    exited = time.perf_counter()
+    while used_mib() > baseline + 512:
+        time.sleep(0.02)
+    freed = time.perf_counter()
+    return {"gpu_gib": gpu_gib, "host_gib": host_gib, "registered": register,
+            "held_mib": held - baseline, "exit_seconds": round(exited - killed, 3),
+            "gpu_freed_seconds": round(freed - killed, 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    rows = []
+    for gpu_gib, host_gib, register in ((30, 11.3, True), (30, 11.3, False), (30, 0, False),
+                                        (1, 11.3, True)):
+        for _ in range(args.repeats):
+            row = one(gpu_gib, host_gib, register)
+            print("[killexit]", row, flush=True)
+            rows.append(row)
+    with open(args.out, "w") as f:
+        json.dump({"runs": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
