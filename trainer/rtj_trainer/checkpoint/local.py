@@ -35,8 +35,6 @@ from .format import WRITE_CHUNK_BYTES, WRITE_THREADS, checkpoint_dir_name
 
 LOCAL_KEEP = 2
 _COPY_PATTERN = re.compile(r"^step-(\d{9})\.(.+)\.bin$")
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-"""Linux's flag to map a file's pages at once (`publish_local_copy`); 0 elsewhere."""
 SPARE_NAME = ".spare.bin"
 """A copy's file given up before it was whole (a snapshot cut short by an in-process restart,
 a temporary left by a killed process), kept for the next snapshot to write over
@@ -222,11 +220,7 @@ def publish_local_copy(directory: Path, step: int, identity: str, header: bytes,
     with _temporary(tmp, flags, lambda path: _set_aside(directory, path)) as fd:
         os.ftruncate(fd, size)
         _put(fd, memoryview(header), 0)
-        # MAP_POPULATE: the kernel maps every page of the file in the mmap call (the GIL
-        # released) instead of one page fault per 4 KiB page during `fill`: copying 3 GiB into a
-        # recycled file's map took 2.4 s faulting against 0.33 s populating + 0.29 s copying on
-        # a 2-core host, and an 11.3 GB copy is 2.8 million faults (docs/benchmarks.md).
-        with mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE) as mapped:
+        with mmap.mmap(fd, size) as mapped:
             view = memoryview(mapped)[len(header):]
             try:
                 fill(view)
