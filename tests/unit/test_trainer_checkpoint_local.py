@@ -119,10 +119,10 @@ def test_a_snapshot_given_up_leaves_its_file_as_the_spare_and_the_next_one_write
     header, data = _two_copies_and_a_state(tmp_path)
     inode = local.local_copies(tmp_path)[-1].path.stat().st_ino  # the oldest: 10's
 
-    def fill(fd: int, offset: int) -> None:
-        local.put(fd, data, offset)
+    def fill(view: memoryview) -> None:
+        view[:] = data
 
-    def fail(fd: int, offset: int) -> None:
+    def fail(view: memoryview) -> None:
         raise RuntimeError("cut short")
 
     with pytest.raises(RuntimeError, match="cut short"):
@@ -318,8 +318,8 @@ def test_a_published_copy_reuses_the_oldest_copys_file_and_keep_false_publishes_
         tmp_path: Path) -> None:
     header, data = _two_copies_and_a_state(tmp_path)
 
-    def fill(fd: int, offset: int) -> None:
-        local.put(fd, data, offset)
+    def fill(view: memoryview) -> None:
+        view[:] = data
 
     assert local.publish_local_copy(tmp_path, 40, "a0-l0-i0-1", header, len(data), fill,
                                     keep=lambda: False) is None
@@ -539,33 +539,3 @@ def test_a_failed_staging_copy_leaves_the_saves_error_record_and_it_never_commit
         assert checkpointer._staging.staged is None
     finally:
         checkpointer.close()
-
-
-@pytest.mark.parametrize("write_threads", [0, 1, 3])
-def test_a_snapshots_file_holds_the_states_bytes_whether_written_or_mapped(
-        tmp_path: Path, write_threads: int) -> None:
-    """The snapshot thread writes its copy with `pwrite` from several threads, each a piece of
-    every chunk (`checkpoint.snapshot_write_threads`), or through the file's memory map (0): the
-    same bytes either way, into a new file and into a recycled one."""
-    from rtj_trainer.checkpoint import snapshots
-
-    torch.manual_seed(3)
-    state = {"w": [torch.randn(5_000_001), torch.randn(77).to(torch.bfloat16)],
-             "i": torch.arange(3_333_333, dtype=torch.int64), "step": 4}  # ~47 MB
-    taker = snapshots.SnapshotTaker(tmp_path, device=torch.device("cpu"), rank=0,
-                                    bounce_bytes=1 << 20, write_threads=write_threads)
-    try:
-        for step in (4, 5, 6):  # 6 reuses the file of 4
-            state["step"] = step
-            state["w"][0].add_(1.0)
-            assert taker.take(step, "a0-l0-i0-1", state) is not None
-            taker.wait(60)
-            assert taker.failed == 0
-            loaded = ck.read_shard(local.local_copies(tmp_path)[0].path)
-            assert loaded["step"] == step
-            assert torch.equal(loaded["w"][0], state["w"][0])
-            assert torch.equal(loaded["w"][1], state["w"][1])
-            assert torch.equal(loaded["i"], state["i"])
-        assert taker.written == 3
-    finally:
-        taker.close()

@@ -182,11 +182,6 @@ class CheckpointConfig(_Section):
     Needs free device memory of the rank's shard plus 2 GiB (checked after the first step).
     Without that room, or False: snapshots are staged like saves and written by the writer
     process, and skipped while it is busy."""
-    snapshot_write_threads: int = Field(default=4, ge=0, le=64)
-    """The threads of a snapshot's copy that `pwrite` each chunk from the page-locked buffers
-    into the copy's file in `local_dir`: the kernel copies into the file's pages, with no page
-    tables to build and tear down in the trainer's address space. 0: copy into a memory map of
-    the file instead (torch's copy; the way before 2026-12-06, kept to compare)."""
     save_device_copy: bool | None = None
     """Stage each save as a snapshot is taken (async mode, with the snapshots' device buffer):
     one copy into device memory on the training stream, then a thread copies it to the

@@ -182,8 +182,7 @@ class Checkpointer(CommitTracking, Resumable):
         """Snapshots through a device-memory copy and a thread (None: through the writer)."""
         if self._local is not None and cfg.snapshots_by_thread:
             self._snapshots = SnapshotTaker(self._local, device=device, rank=rank,
-                                            bounce_bytes=cfg.snapshot_bounce_mib << 20,
-                                            write_threads=cfg.snapshot_write_threads)
+                                            bounce_bytes=cfg.snapshot_bounce_mib << 20)
         root.mkdir(parents=True, exist_ok=True)
         self._committer: CommitWorker | None = None
         """Rank 0's commit thread (started at the first save to commit)."""

@@ -205,14 +205,14 @@ def _recycled(directory: Path, tmp: Path, size: int) -> bool:
 
 
 def publish_local_copy(directory: Path, step: int, identity: str, header: bytes, nbytes: int,
-                       fill: Callable[[int, int], None],
+                       fill: Callable[[memoryview], None],
                        keep: Callable[[], bool] = lambda: True) -> Path | None:
-    """Like `write_local_copy`, but `fill(fd, offset)` writes the `nbytes` of data into the
-    copy's file itself, from `offset` on (a snapshot's device-to-host copy lands there through
-    its page-locked buffers, rtj_trainer.checkpoint.snapshots). `keep()` is asked before the
-    rename: False leaves no copy (None). The spare's or the oldest copy's file is reused when it
-    has the size (`_recycled`); a copy given up (`keep()` False, or `fill` raised) leaves its
-    file as the spare."""
+    """Like `write_local_copy`, but `fill` writes the `nbytes` of data into the copy's memory
+    map itself (a snapshot's device-to-host copy lands there directly,
+    rtj_trainer.checkpoint.snapshots). `keep()` is asked before the rename: False leaves no copy
+    (None). The spare's or the oldest copy's file is reused when it has the size
+    (`_recycled`); a copy given up (`keep()` False, or `fill` raised) leaves its file as the
+    spare."""
     final, tmp = _names(directory, step, identity)
     size = len(header) + nbytes
     recycled = _recycled(directory, tmp, size)
@@ -220,28 +220,17 @@ def publish_local_copy(directory: Path, step: int, identity: str, header: bytes,
     with _temporary(tmp, flags, lambda path: _set_aside(directory, path)) as fd:
         os.ftruncate(fd, size)
         _put(fd, memoryview(header), 0)
-        fill(fd, len(header))
+        with mmap.mmap(fd, size) as mapped:
+            view = memoryview(mapped)[len(header):]
+            try:
+                fill(view)
+            finally:
+                view.release()
         kept = keep()
     if not kept:
         _set_aside(directory, tmp)
         return None
     return _publish(directory, tmp, final)
-
-
-def fill_mapped(fd: int, offset: int, nbytes: int, fill: Callable[[memoryview], None]) -> None:
-    """Call `fill` with a writable view of the `nbytes` at `offset` of `fd`'s file, through a
-    shared memory map (`checkpoint.snapshot_write_threads` 0)."""
-    with mmap.mmap(fd, offset + nbytes) as mapped:
-        view = memoryview(mapped)[offset:]
-        try:
-            fill(view)
-        finally:
-            view.release()
-
-
-def put(fd: int, view: memoryview, offset: int) -> None:
-    """`pwrite` all of `view` at `offset` (a short write goes on where it stopped)."""
-    _put(fd, view, offset)
 
 
 def common_newest(

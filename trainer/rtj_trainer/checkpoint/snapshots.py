@@ -46,15 +46,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .format import SLICE_BYTES, WRITE_CHUNK_BYTES, encode_header
-from .local import drop_spare, fill_mapped, publish_local_copy, put
-from .staging import TensorLayout, byte_view, flatten_state, plan_layout, tensor_views
+from .format import WRITE_CHUNK_BYTES, encode_header
+from .local import drop_spare, publish_local_copy
+from .staging import TensorLayout, flatten_state, plan_layout, tensor_views
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +69,13 @@ class SnapshotTaker:
     """One rank's snapshots through a device-memory copy and a thread (module docstring)."""
 
     def __init__(self, folder: Path, *, device: torch.device, rank: int,
-                 bounce_bytes: int, write_threads: int = 4) -> None:
+                 bounce_bytes: int) -> None:
         """`bounce_bytes`: each of the two page-locked buffers the host copy goes through (CUDA;
-        `checkpoint.snapshot_bounce_mib`, the one default). `write_threads`: the threads that
-        `pwrite` each chunk into the copy's file (`checkpoint.snapshot_write_threads`; 0: copy
-        into the file's memory map instead)."""
+        `checkpoint.snapshot_bounce_mib`, the one default)."""
         self.folder = folder
         self.device = device
         self.rank = rank
         self.bounce_bytes = bounce_bytes
-        self.write_threads = write_threads
         self._buffer: torch.Tensor | None = None
         self.usable: bool | None = None
         """None until `prepare`; False when the device had no room for the buffer."""
@@ -212,30 +208,23 @@ class SnapshotTaker:
                event: Any) -> None:
         began = time.perf_counter()
         total = source.numel()
-        pool = (ThreadPoolExecutor(max_workers=self.write_threads,
-                                   thread_name_prefix="rtj-snapshot-write")
-                if self.write_threads else None)
 
-        def fill(fd: int, offset: int) -> None:
-            if pool is None:  # through the file's memory map, torch's copy
-                fill_mapped(fd, offset, total, lambda view: self._fill_map(source, view, event))
-                return
-
-            def land(data: torch.Tensor, start: int) -> None:  # pwrite, in pieces
-                view = byte_view(data)
-                step_bytes = max(SLICE_BYTES, -(-len(view) // self.write_threads))
-                list(pool.map(lambda at: put(fd, view[at : at + step_bytes], offset + start + at),
-                              range(0, len(view), step_bytes)))
-
-            if event is None:
-                self._copy_host(source, land)
-            else:
-                self._copy_through_bounce(source, land)
+        def fill(view: memoryview) -> None:
+            target = torch.frombuffer(view, dtype=torch.uint8, count=total)
+            try:
+                if event is None:
+                    for start in range(0, total, WRITE_CHUNK_BYTES):
+                        if self._cancel.is_set():
+                            raise _Cancelled
+                        end = min(total, start + WRITE_CHUNK_BYTES)
+                        target[start:end].copy_(source[start:end])
+                else:
+                    self._copy_through_bounce(source, target)
+            finally:
+                del target
 
         try:
             with contextlib.ExitStack() as on_side_stream:
-                if pool is not None:
-                    on_side_stream.enter_context(pool)
                 if event is not None:
                     on_side_stream.enter_context(torch.cuda.device(self.device))
                     on_side_stream.enter_context(torch.cuda.stream(self._stream))
@@ -254,50 +243,22 @@ class SnapshotTaker:
             self.last_write_seconds = time.perf_counter() - began
             self.max_write_seconds = max(self.max_write_seconds, self.last_write_seconds)
 
-    def _fill_map(self, source: torch.Tensor, view: memoryview, event: Any) -> None:
-        """`checkpoint.snapshot_write_threads` 0: copy into the file's memory map (torch's copy
-        of each chunk, its intra-op threads), as before 2026-12-06."""
-        # Held in a list that is emptied on the way out, even on an exception: the map cannot
-        # be closed while a tensor still points into it.
-        target = [torch.frombuffer(view, dtype=torch.uint8, count=source.numel())]
-
-        def land(data: torch.Tensor, start: int) -> None:
-            target[0][start : start + data.numel()].copy_(data)
-
-        try:
-            if event is None:
-                self._copy_host(source, land)
-            else:
-                self._copy_through_bounce(source, land)
-        finally:
-            target.clear()
-
-    def _copy_host(self, source: torch.Tensor,
-                   land: Callable[[torch.Tensor, int], None]) -> None:
-        """CPU: the "device" buffer is host memory, handed to `land` chunk by chunk."""
-        total = source.numel()
-        for start in range(0, total, WRITE_CHUNK_BYTES):
-            if self._cancel.is_set():
-                raise _Cancelled
-            land(source[start : min(total, start + WRITE_CHUNK_BYTES)], start)
-
-    def _copy_through_bounce(self, source: torch.Tensor,
-                             land: Callable[[torch.Tensor, int], None]) -> None:
+    def _copy_through_bounce(self, source: torch.Tensor, target: torch.Tensor) -> None:
         """Device buffer -> the two page-locked buffers (on the side stream, asynchronously)
-        -> `land(bytes, offset)`, one chunk landed while the next one comes."""
+        -> `target` (the file's map), one chunk copied on while the next one comes."""
         inflight: list[tuple[torch.Tensor, int, int, Any]] = []
 
-        def landed() -> None:
+        def land() -> None:
             bounce, start, end, done = inflight.pop(0)
             done.synchronize()
-            land(bounce[: end - start], start)
+            target[start:end].copy_(bounce[: end - start])
 
         chunk = self._bounce[0].numel()
         for index, start in enumerate(range(0, source.numel(), chunk)):
             if self._cancel.is_set():
                 raise _Cancelled
             if len(inflight) == len(self._bounce):
-                landed()
+                land()
             end = min(source.numel(), start + chunk)
             bounce = self._bounce[index % len(self._bounce)]
             bounce[: end - start].copy_(source[start:end], non_blocking=True)
@@ -305,7 +266,7 @@ class SnapshotTaker:
             done.record(self._stream)
             inflight.append((bounce, start, end, done))
         while inflight:
-            landed()
+            land()
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait until the snapshot being written (if any) is in place or given up."""

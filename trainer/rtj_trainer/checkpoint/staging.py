@@ -20,7 +20,6 @@ save whose copies were finished.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -86,15 +85,6 @@ def unflatten_state(tree: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(tree, tuple):
         return tuple(unflatten_state(value, tensors) for value in tree)
     return tree
-
-
-def byte_view(blob: torch.Tensor) -> memoryview:
-    """A zero-copy view of a contiguous CPU uint8 tensor's bytes (no numpy needed): what the
-    writer and the snapshot thread hand to `os.pwrite`."""
-    if blob.device.type != "cpu" or blob.dtype != torch.uint8 or not blob.is_contiguous():
-        raise ValueError("a byte view needs a contiguous CPU uint8 tensor")
-    array = (ctypes.c_ubyte * blob.numel()).from_address(blob.data_ptr())
-    return memoryview(array).cast("B")
 
 
 def plan_layout(tensors: list[torch.Tensor]) -> tuple[list[TensorLayout], int]:

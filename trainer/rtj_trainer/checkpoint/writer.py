@@ -42,12 +42,13 @@ from .format import (
     SLICE_BYTES,
     WRITE_CHUNK_BYTES,
     WRITE_THREADS,
+    CheckpointError,
     ChunkDigest,
     ShardRecord,
     encode_header,
 )
 from .local import write_local_copy
-from .staging import TensorLayout, byte_view
+from .staging import TensorLayout
 
 WRITER_PROCESS_NAME = b"rtj-ckpt-writer"
 """The writer's process name (`ps`, /proc/<pid>/comm): operators and fault drills find it."""
@@ -77,6 +78,14 @@ def arm_writer(trainer_pid: int) -> None:
     signal.signal(signal.SIGTERM, _exit_now)
     if os.getppid() != trainer_pid:
         os._exit(0)
+
+
+def _byte_view(blob: torch.Tensor) -> memoryview:
+    """A zero-copy view of a contiguous CPU uint8 tensor's bytes (no numpy needed)."""
+    if blob.device.type != "cpu" or blob.dtype != torch.uint8 or not blob.is_contiguous():
+        raise CheckpointError("the staged blob must be a contiguous CPU uint8 tensor")
+    array = (ctypes.c_ubyte * blob.numel()).from_address(blob.data_ptr())
+    return memoryview(array).cast("B")
 
 
 _SYNC_FILE_RANGE_WRITE = 2
@@ -147,7 +156,7 @@ def write_shard(
         if fail == "error":
             raise OSError(errno.EIO, "injected shard write failure (fault write-error)", shard_path)
         began = time.perf_counter()
-        data = byte_view(blob)
+        data = _byte_view(blob)
         header = encode_header(skeleton, layout, len(data))
         local_seconds = [0.0]
         local_thread: threading.Thread | None = None
@@ -212,7 +221,7 @@ def write_snapshot(
     if in_worker:
         _die_with_parent()
     try:
-        data = byte_view(blob)
+        data = _byte_view(blob)
         header = encode_header(skeleton, layout, len(data))
         write_local_copy(Path(folder), step, identity, header, data, threads=threads)
     except Exception:
