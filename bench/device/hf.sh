@@ -40,9 +40,7 @@ SHAPE=(--set model.num_layers=16 --set model.d_model=2048 --set model.num_heads=
 HFSET=(--set "model.hf_path=$HF")
 # BOUNCE_MIB=N: checkpoint.snapshot_bounce_mib (the snapshot thread's two page-locked buffers)
 [[ -n ${BOUNCE_MIB:-} ]] && HFSET+=(--set "checkpoint.snapshot_bounce_mib=$BOUNCE_MIB")
-# WRITE_THREADS=N: checkpoint.snapshot_write_threads (0: the snapshot copy goes into a memory map
-# of its file, the way before 2026-12-06); SAVE_DEVICE_COPY=false: saves staged in the step loop
-[[ -n ${WRITE_THREADS:-} ]] && HFSET+=(--set "checkpoint.snapshot_write_threads=$WRITE_THREADS")
+# SAVE_DEVICE_COPY=false: saves staged in the step loop (checkpoint.save_device_copy)
 [[ -n ${SAVE_DEVICE_COPY:-} ]] && HFSET+=(--set "checkpoint.save_device_copy=$SAVE_DEVICE_COPY")
 SNAP=(); [[ ${SNAPSHOTS:-0} != 0 ]] && SNAP=(--set "checkpoint.local_interval_steps=$SNAPSHOTS")
 rc=0
