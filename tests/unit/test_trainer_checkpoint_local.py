@@ -443,6 +443,7 @@ def test_a_save_staged_through_the_device_copy_is_of_its_step_and_commits(
     assert checkpointer.defers_saves()
     weights = torch.full((1000,), 1.0)
     try:
+        checkpointer.prepare({"w": weights, "step": 0})  # after the first step: the buffers
         checkpointer.save(10, {"w": weights, "step": 10})
         assert checkpointer._deferred is not None  # the write is not requested yet
         assert checkpointer._staging.staged is None  # nor does the buffer hold it yet
@@ -506,6 +507,7 @@ def test_an_aborted_attempt_gives_up_a_save_still_being_staged(
     busy writer is stopped is, and the staging buffer claims no save."""
     checkpointer = _deferring(tmp_path)
     try:
+        checkpointer.prepare({"w": torch.full((10,), 0.0), "step": 0})
         checkpointer.save(10, {"w": torch.full((10,), 1.0), "step": 10})
         assert checkpointer._deferred is not None
     finally:
@@ -531,11 +533,34 @@ def test_a_failed_staging_copy_leaves_the_saves_error_record_and_it_never_commit
     checkpointer = _deferring(tmp_path)
     checkpointer.cfg = checkpointer.cfg.model_copy(update={"commit_timeout_seconds": 2.0})
     try:
+        checkpointer.prepare({"w": torch.full((10,), 0.0), "step": 0})
         checkpointer.save(10, {"w": torch.full((10,), 1.0), "step": 10})
+        assert checkpointer.stats.saves_through_device_copy == 1
         checkpointer.wait_until_committed(30)
         assert checkpointer.stats.committed_step < 10
         errors = list((tmp_path / "store").glob("step-000000010.*/*.error"))
         assert len(errors) == 1 and "injected staging failure" in errors[0].read_text()
         assert checkpointer._staging.staged is None
+    finally:
+        checkpointer.close()
+
+
+def test_a_save_of_another_size_than_the_device_buffer_is_staged_as_before(
+        tmp_path: Path, one_rank_group: object) -> None:
+    """A save whose state is not the size of the snapshots' device buffer (read another way
+    than the snapshots') is staged in the step loop: the buffer is not given up for it (on a
+    GPU the freed block would not count as free, and the snapshots would stop)."""
+    checkpointer = _deferring(tmp_path)
+    try:
+        checkpointer.prepare({"w": torch.full((1000,), 1.0), "step": 0})  # the buffer's size
+        buffer = checkpointer._snapshots._buffer
+        assert buffer is not None
+        checkpointer.save(10, {"w": torch.full((2000,), 1.0), "step": 10})
+        assert checkpointer._deferred is None and checkpointer.stats.saves_through_device_copy == 0
+        assert checkpointer._snapshots._buffer is buffer
+        checkpointer.save(20, {"w": torch.full((1000,), 2.0), "step": 20})
+        assert checkpointer.stats.saves_through_device_copy == 1
+        checkpointer.wait_until_committed(30)
+        assert checkpointer.stats.committed_step == 20
     finally:
         checkpointer.close()

@@ -127,11 +127,12 @@ class SnapshotTaker:
         """Whether a snapshot can start now: no earlier one is still being copied."""
         return self._thread is None or not self._thread.is_alive()
 
-    def _copy_in(self, state: dict[str, Any]
+    def _copy_in(self, state: dict[str, Any], *, allocate: bool = True
                  ) -> tuple[Any, list[TensorLayout], int, Any] | None:
         """Copy `state` into the device buffer on the training stream: (skeleton, layout, its
         bytes, the event after the copy (None on CPU)), or None when the device has no room
-        for the buffer (`usable` is False)."""
+        for the buffer (`usable` is False) or, `allocate` False, when the buffer is not there
+        in that size (nothing copied, nothing freed)."""
         if self.usable is False:
             return None
         if not self.ready():
@@ -139,6 +140,8 @@ class SnapshotTaker:
         tensors: list[torch.Tensor] = []
         skeleton = flatten_state(state, tensors)
         layout, total = plan_layout(tensors)
+        if not allocate and (self._buffer is None or self._buffer.numel() != total):
+            return None
         if not self.prepare(total):
             return None
         assert self._buffer is not None
@@ -174,9 +177,10 @@ class SnapshotTaker:
         then a thread copies that buffer into `host(nbytes)` (the staging buffer, page-locked:
         one DMA on the side stream, ~0.2 s for 11.3 GB, which the step loop waited for before).
         Returns (skeleton, layout, host buffer) at once, or None when there is no device buffer
-        (nothing done). The host buffer holds the state once `ready()` is True again and
-        `staging_error()` is None."""
-        copied = self._copy_in(state)
+        of the state's size (nothing done: a save never reallocates the snapshots' buffer, whose
+        old block the device would not count as free). The host buffer holds the state once
+        `ready()` is True again and `staging_error()` is None."""
+        copied = self._copy_in(state, allocate=False)
         if copied is None:
             return None
         skeleton, layout, total, event = copied
