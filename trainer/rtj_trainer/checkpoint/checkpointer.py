@@ -316,13 +316,7 @@ class Checkpointer(CommitTracking, Resumable):
                                 layout), writer, args)
             self._pending.append(pending)
         elif self.cfg.mode == "async":
-
-            def finalize() -> None:
-                pending.written = True
-
-            request = asyncwriter.request(
-                writer, (*args, True, self.cfg.test_write_delay_seconds), [finalize])
-            self._async_queue().schedule_async_request(request)
+            self._request_write(writer, args, pending)
             self._pending.append(pending)
         else:
             writer(*args, False, self.cfg.test_write_delay_seconds)
@@ -373,14 +367,17 @@ class Checkpointer(CommitTracking, Resumable):
             deferred.pending.written = True
             return
         self._staging.staged = deferred.staged
-        pending = deferred.pending
+        self._request_write(deferred.writer, deferred.args, deferred.pending)
+
+    def _request_write(self, writer: Callable[..., None], args: tuple[Any, ...],
+                       pending: PendingSave) -> None:
+        """Hand a save's write to this rank's writer process; `pending.written` once done."""
 
         def finalize() -> None:
             pending.written = True
 
         request = asyncwriter.request(
-            deferred.writer, (*deferred.args, True, self.cfg.test_write_delay_seconds),
-            [finalize])
+            writer, (*args, True, self.cfg.test_write_delay_seconds), [finalize])
         self._async_queue().schedule_async_request(request)
 
     def _discard_deferred(self) -> None:
