@@ -21,14 +21,16 @@ save whose copies were finished.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 log = logging.getLogger(__name__)
 
 _ALIGN = 64
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,29 +64,33 @@ class Staged:
     checkpoint save): no copy of it exists anywhere else."""
 
 
-def flatten_state(tree: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(tree, torch.Tensor):
-        tensors.append(tree.detach())
-        return TensorSlot(len(tensors) - 1)
+def map_leaves(tree: Any, kind: type[T], fn: Callable[[T], Any]) -> Any:
+    """`tree` (dicts, lists and tuples, nested) with every leaf of type `kind` replaced by
+    `fn(leaf)`, in order (a dict's in its keys' order); everything else as it is."""
+    if isinstance(tree, kind):
+        return fn(tree)
     if isinstance(tree, dict):
-        return {key: flatten_state(value, tensors) for key, value in tree.items()}
+        return {key: map_leaves(value, kind, fn) for key, value in tree.items()}
     if isinstance(tree, list):
-        return [flatten_state(value, tensors) for value in tree]
+        return [map_leaves(value, kind, fn) for value in tree]
     if isinstance(tree, tuple):
-        return tuple(flatten_state(value, tensors) for value in tree)
+        return tuple(map_leaves(value, kind, fn) for value in tree)
     return tree
+
+
+def flatten_state(tree: Any, tensors: list[torch.Tensor]) -> Any:
+    """`tree` with each tensor appended (detached) to `tensors` and replaced by its slot."""
+
+    def slot(tensor: torch.Tensor) -> TensorSlot:
+        tensors.append(tensor.detach())
+        return TensorSlot(len(tensors) - 1)
+
+    return map_leaves(tree, torch.Tensor, slot)
 
 
 def unflatten_state(tree: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(tree, TensorSlot):
-        return tensors[tree.index]
-    if isinstance(tree, dict):
-        return {key: unflatten_state(value, tensors) for key, value in tree.items()}
-    if isinstance(tree, list):
-        return [unflatten_state(value, tensors) for value in tree]
-    if isinstance(tree, tuple):
-        return tuple(unflatten_state(value, tensors) for value in tree)
-    return tree
+    """`flatten_state` undone: each slot replaced by its tensor of `tensors`."""
+    return map_leaves(tree, TensorSlot, lambda slot: tensors[slot.index])
 
 
 def plan_layout(tensors: list[torch.Tensor]) -> tuple[list[TensorLayout], int]:

@@ -39,6 +39,7 @@ from .. import termination
 from ..carry import CarryOver
 from ..checkpoint import Checkpointer, CommitTimeoutError, job_identity
 from ..checkpoint.reshard import SHARDING
+from ..checkpoint.staging import map_leaves
 from ..config import (
     CheckpointConfig,
     ConfigError,
@@ -389,15 +390,7 @@ def init(state: dict[str, Any] | None, *, nvrx_heartbeats: bool = True) -> Run:
 def _on_host(tree: Any) -> Any:
     """`tree` (dicts, lists and tuples of tensors and plain data) with every tensor not on the
     CPU copied there; the rest as it is."""
-    if isinstance(tree, torch.Tensor):
-        return tree if tree.device.type == "cpu" else tree.cpu()
-    if isinstance(tree, dict):
-        return {key: _on_host(value) for key, value in tree.items()}
-    if isinstance(tree, list):
-        return [_on_host(value) for value in tree]
-    if isinstance(tree, tuple):
-        return tuple(_on_host(value) for value in tree)
-    return tree
+    return map_leaves(tree, torch.Tensor, lambda t: t if t.device.type == "cpu" else t.cpu())
 
 
 def _stateful(value: Any) -> bool:
