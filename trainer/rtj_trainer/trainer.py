@@ -327,15 +327,11 @@ class Trainer:
         self.snapshots["stall_seconds"] += time.perf_counter() - began
 
     def save(self, step: int, *, fail: str | None = None, deadline: float | None = None) -> None:
-        """Start a checkpoint of `step`; the step loop is blocked for state_dict + staging.
-        `fail`: an injected write fault (rtj_trainer.faults.FaultInjector.write_fault).
-        `deadline`: a stop's (Checkpointer.save)."""
+        """Start a checkpoint of `step` (read in place when staged through the device copy);
+        `fail`: an injected write fault (FaultInjector.write_fault); `deadline`: a stop's."""
         began = time.perf_counter()
         with self.session.section("checkpoint"), self.session.atomic():
-            # Staged through the snapshots' device copy, the save reads the state in place as a
-            # snapshot does (the copy is of exactly this step: Checkpointer.defers_saves).
-            state = (self.snapshot_state() if self.checkpointer.defers_saves()
-                     else self.state_dict())
+            state = self.snapshot_state() if self.checkpointer.defers_saves() else self.state_dict()
             # The last step's save is waited for and its node-local copies discarded (finish):
             # a copy would only delay its commit (one rank of the 1B model: 11.3 GB to /dev/shm).
             self.checkpointer.save(step, state, local_copy=step != self.cfg.train.steps,
@@ -443,8 +439,7 @@ class Trainer:
             "attempt_loop_seconds": round(loop_seconds, 3),
             "attempt_checkpoint_stall_seconds_total": round(self.stall_seconds_total, 4),
             "attempt_checkpoint_stall_seconds_max": round(self.stall_seconds_max, 4),
-            "attempt_saves_through_device_copy":
-                self.checkpointer.stats.saves_through_device_copy,
+            "attempt_saves_through_device_copy": self.checkpointer.stats.saves_through_device_copy,
             "attempt_snapshots": {k: round(v, 4) for k, v in (
                 self.snapshots | self.checkpointer.snapshot_copies()).items()},
             "learned_hang_timeout": self.session.learned_hang_timeout(),

@@ -51,7 +51,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +84,7 @@ from .local import (
 from .lock import DirectoryLock
 from .pruning import BackgroundDeleter
 from .snapshots import SnapshotTaker
+from .snapshotting import DeferredSave, Snapshotting, SnapshotWrite
 from .staging import (
     HostStaging,
     Staged,
@@ -93,35 +93,12 @@ from .staging import (
     stage_to_host,
 )
 from .tracking import CommitTracking, PendingSave
-from .writer import write_shard, write_snapshot
+from .writer import write_shard
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class _SnapshotWrite:
-    """A node-local snapshot's write in this rank's writer (`Checkpointer.snapshot`)."""
-
-    step: int | None = None
-    written: bool = True
-
-    def finish(self) -> None:
-        self.written = True
-
-
-@dataclass(slots=True)
-class _DeferredSave:
-    """A save whose state a thread is still copying into the staging buffer
-    (`SnapshotTaker.stage`); its write is requested once the copy is there
-    (`Checkpointer._flush_deferred`)."""
-
-    pending: PendingSave
-    staged: Staged
-    writer: Callable[..., None]
-    args: tuple[Any, ...]
-
-
-class Checkpointer(CommitTracking, Resumable):
+class Checkpointer(Snapshotting, CommitTracking, Resumable):
     """Save/poll/load for one rank. All ranks call `save` at the same steps and `load` together;
     `poll` is local (no collectives) and is called every step."""
 
@@ -168,9 +145,9 @@ class Checkpointer(CommitTracking, Resumable):
         self._staging = HostStaging.of(self.carry)
         self._deleter = BackgroundDeleter()
         self._queue: Any = None
-        self._snapshot = _SnapshotWrite()
+        self._snapshot = SnapshotWrite()
         """The last snapshot's write (`snapshot`)."""
-        self._deferred: _DeferredSave | None = None
+        self._deferred: DeferredSave | None = None
         """A save staged through the device copy, its write not requested yet (`save`)."""
         self._local: Path | None = None
         if cfg.local_dir:
@@ -311,7 +288,7 @@ class Checkpointer(CommitTracking, Resumable):
             writer = functools.partial(write_shard, fail=fail,
                                        local_copy=(str(self._local), step, self.identity))
         if deferred is not None:
-            self._deferred = _DeferredSave(
+            self._deferred = DeferredSave(
                 pending, Staged(step, self.identity, self.rank, self.world_size, skeleton,
                                 layout), writer, args)
             self._pending.append(pending)
@@ -334,108 +311,6 @@ class Checkpointer(CommitTracking, Resumable):
         self.stats.last_wait_seconds = pending.wait_seconds
         self.stats.last_copy_seconds = pending.copy_seconds
         return pending.stall_seconds
-
-    def defers_saves(self) -> bool:
-        """Whether the next save is staged through the snapshots' device copy
-        (`checkpoint.save_device_copy`): async mode, a usable device buffer that no snapshot
-        is using now. The trainer then reads its state in place for the save, as for a
-        snapshot."""
-        taker = self._snapshots
-        wanted = self.cfg.save_device_copy
-        if wanted is None:
-            wanted = self.device.type == "cuda"
-        return bool(wanted and self.cfg.mode == "async" and taker is not None
-                    and taker.usable is not False and taker.ready())
-
-    def _flush_deferred(self, *, wait: bool) -> None:
-        """Request the write of a save staged through the device copy once the thread's copy
-        into the staging buffer is done (`wait`: wait for it). A copy that failed leaves the
-        save's `.error` record, as a failed write does: it never commits."""
-        deferred = self._deferred
-        if deferred is None or self._snapshots is None:
-            return
-        if not wait and not self._snapshots.ready():
-            return
-        self._snapshots.wait()
-        self._deferred = None
-        error = self._snapshots.staging_error()
-        if error is not None:
-            log.error("staging the checkpoint of step %d failed: %s", deferred.pending.step,
-                      error, extra={"rank": self.rank})
-            with contextlib.suppress(OSError):
-                Path(str(deferred.args[1]) + ".error").write_text(repr(error))
-            deferred.pending.written = True
-            return
-        self._staging.staged = deferred.staged
-        self._request_write(deferred.writer, deferred.args, deferred.pending)
-
-    def _request_write(self, writer: Callable[..., None], args: tuple[Any, ...],
-                       pending: PendingSave) -> None:
-        """Hand a save's write to this rank's writer process; `pending.written` once done."""
-
-        def finalize() -> None:
-            pending.written = True
-
-        request = asyncwriter.request(
-            writer, (*args, True, self.cfg.test_write_delay_seconds), [finalize])
-        self._async_queue().schedule_async_request(request)
-
-    def _discard_deferred(self) -> None:
-        """An aborted attempt: a save still being staged through the device copy is given up
-        (its thread joined: it writes the staging buffer, which the next attempt reuses)."""
-        deferred = self._deferred
-        if deferred is None:
-            return
-        if self._snapshots is not None:
-            self._snapshots.wait()
-        self._deferred = None
-        with contextlib.suppress(ValueError):
-            self._pending.remove(deferred.pending)
-
-    def snapshot_ready(self) -> bool:
-        """Whether a snapshot (`snapshot`) can start now without waiting: a node-local folder,
-        and this rank's writer idle (sync mode: always)."""
-        if self._local is None:
-            return False
-        if self._snapshots is not None and self._snapshots.usable is not False:
-            return self._snapshots.ready()
-        if self.cfg.mode == "sync":
-            return True
-        self._async_queue()
-        return self._writer_idle()
-
-    def snapshot_copies(self) -> dict[str, float]:
-        """What the snapshot thread (`SnapshotTaker`) did in this process: copies written, the
-        newest one's and the longest one's seconds (start to rename); empty without it."""
-        if (t := self._snapshots) is None or not t.usable:
-            return {}
-        return {"thread_copies": t.written, "thread_copy_seconds_last": t.last_write_seconds,
-                "thread_copy_seconds_max": t.max_write_seconds}
-
-    def snapshot(self, step: int, state: dict[str, Any]) -> float:
-        """Stage `state` and write it as this rank's node-local copy of `step` alone, nothing
-        on the shared store (`checkpoint.local_interval_steps`; only when `snapshot_ready`);
-        returns the seconds the step loop was blocked (the staging copy, in sync mode the
-        write too). The staged state also serves an in-process restart (`_load_staged`); a
-        snapshot through the device copy (`SnapshotTaker`) blocks only for that copy."""
-        assert self._local is not None
-        if self._snapshots is not None and self._snapshots.usable is not False:
-            stall = self._snapshots.take(step, self.identity, state)
-            if stall is not None:
-                return stall
-        began = time.perf_counter()
-        self._staging_allocated()
-        skeleton, layout, blob = stage_to_host(state, self.device, self._staging)
-        self._staging.staged = Staged(step, self.identity, self.rank, self.world_size, skeleton,
-                                      layout)
-        args = (str(self._local), step, self.identity, skeleton, layout, blob)
-        if self.cfg.mode == "async":
-            done = self._snapshot = _SnapshotWrite(step, written=False)
-            request = asyncwriter.request(write_snapshot, (*args, True), [done.finish])
-            self._async_queue().schedule_async_request(request)
-        else:
-            write_snapshot(*args, False)
-        return time.perf_counter() - began
 
     def offer_live(self, step: int, state: dict[str, Any]) -> None:
         """An in-process restart interrupted the attempt after `step` with the training state
