@@ -44,8 +44,24 @@ def run_trainer(
                MASTER_PORT=str(port), PYTHONUNBUFFERED="1", RTJ_CHECKPOINT_DIR=str(ckpt_dir))
     cmd = [sys.executable, "-m", "rtj_trainer", "--preset", preset,
            *[a for s in sets for a in ("--set", s)]]
+    keeper = None
+    if os.environ.get("RTJ_DEVICE_KEEPER") == "1":  # as the launcher shim starts one a rank
+        env["RTJ_DEVICE_KEEPER_DIR"] = keeper_dir = str(ckpt_dir) + "-keeper"
+        os.makedirs(keeper_dir, exist_ok=True)
+        keeper = subprocess.Popen([sys.executable, "-m", "rtj_trainer.keeper",
+                                   f"--directory={keeper_dir}", "--local-rank=0"])
+        deadline = time.time() + 60
+        while not os.path.exists(os.path.join(keeper_dir, "keeper-0.sock")):
+            if time.time() > deadline or keeper.poll() is not None:
+                break
+            time.sleep(0.1)
     began = time.time()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    finally:
+        if keeper is not None:
+            keeper.kill()
+            keeper.wait()
     wall = time.time() - began
     lines = proc.stdout.strip().splitlines()
     result: dict[str, Any] = {"run": name, "rc": proc.returncode, "process_wall_seconds": wall,

@@ -168,6 +168,44 @@ def test_a_killed_worker_resumes_from_a_node_local_snapshot_between_saves(
     _assert_same_losses(losses, fault_free)
 
 
+def test_a_killed_worker_resumes_from_the_snapshot_its_device_keeper_holds(
+    tmp_path: Path, fault_free: dict[int, float]
+) -> None:
+    """Issue #32: with device keepers (`RTJ_DEVICE_KEEPER=1`, rtj_trainer.keeper; on CPU a
+    keeper lends host memory, on a GPU device memory through CUDA IPC) the snapshots' buffer
+    belongs to one keeper process per local rank, so the buffer outlives the worker SIGKILLed
+    at the start of step 15: the restarted workers resume from the snapshot the keepers hold
+    (step 14, or 12 should its record not be written yet), read from the keepers' memory, not
+    from a file; the losses are the fault-free run's. The keepers are gone with the launcher."""
+    out = _run(tmp_path, faults="15:1:sigkill", extra_env={"RTJ_DEVICE_KEEPER": "1"}, args=(
+        "--set", "checkpoint.interval_steps=10",
+        "--set", f"checkpoint.local_dir={tmp_path / 'shm'}",
+        "--set", "checkpoint.local_interval_steps=2",
+        "--set", "train.min_step_seconds=0.2"))
+    summary = _summary(out)
+    assert summary["restarts"] == {"inprocess": 0, "launcher": 1, "pod": 0}
+    assert summary["last_committed_step"] == STEPS
+    assert summary["attempt_snapshots"]["taken"] >= 5, summary
+    found = re.search(r"device keepers: 2 in (\S+)", out)
+    assert found, out[-3000:]
+    losses = _losses(tmp_path)
+    attempts: list[str] = []
+    for entry in losses:
+        if entry["attempt"] not in attempts:
+            attempts.append(entry["attempt"])
+    assert len(attempts) == 2, attempts
+    resumed = next(e["step"] for e in losses if e["attempt"] == attempts[1]) - 1
+    assert resumed in (12, 14), _resumes(out)
+    assert f"(step {resumed}) from the snapshot the device keepers hold" in out, _resumes(out)
+    _assert_same_losses(losses, fault_free)
+    deadline = time.monotonic() + 10  # they die with the launcher (PR_SET_PDEATHSIG)
+    while (keepers := [p.pid for p in psutil.process_iter(["cmdline"])
+                       if f"--directory={found.group(1)}" in (p.info["cmdline"] or [])]):
+        assert time.monotonic() < deadline, keepers
+        time.sleep(0.2)
+    assert not Path(found.group(1)).exists()
+
+
 def test_a_writer_killed_mid_save_resumes_from_the_previous_commit(
     tmp_path: Path, fault_free: dict[int, float]
 ) -> None:

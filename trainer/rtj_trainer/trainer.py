@@ -61,7 +61,7 @@ from .stop import StopAgreement
 log = logging.getLogger(__name__)
 
 _FROM = {"local": " from the node-local copies", "memory": " from the staging copy in memory",
-         "resharded": " written at another world size, resharded",
+         "device": " from the snapshot the device keepers hold", "resharded": " resharded",
          "live": " from the training state at the fault, kept in memory (no step recomputed)"}
 """How the resume log names where a checkpoint was read from (the shared store: nothing)."""
 

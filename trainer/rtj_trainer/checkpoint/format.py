@@ -334,6 +334,31 @@ def _decode_layout(entries: Any) -> list[TensorLayout]:
         raise CheckpointError(f"malformed shard layout: {exc}") from None
 
 
+def _decode_meta(meta: dict[str, Any], where: str) -> tuple[Any, list[TensorLayout], int]:
+    try:
+        blob_bytes = int(meta["blob_bytes"])
+        layout = _decode_layout(meta["layout"])
+        skeleton = _decode(meta["skeleton"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{where}: malformed shard header: {exc!r}") from None
+    return skeleton, layout, blob_bytes
+
+
+def decode_header(header: bytes, where: str) -> tuple[Any, list[TensorLayout], int]:
+    """`encode_header` undone: (skeleton, layout, the data's bytes)."""
+    start = len(_SHARD_MAGIC) + 8
+    if len(header) < start or header[: len(_SHARD_MAGIC)] != _SHARD_MAGIC:
+        raise CheckpointError(f"{where}: not a format-{FORMAT_VERSION} header")
+    (meta_bytes,) = struct.unpack("<Q", header[len(_SHARD_MAGIC) : start])
+    try:
+        meta = json.loads(header[start : start + meta_bytes], parse_constant=_reject_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{where}: unreadable header: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{where}: not a format-{FORMAT_VERSION} header")
+    return _decode_meta(meta, where)
+
+
 def read_shard(path: Path, *, device: torch.device | None = None) -> Any:
     """The state saved by `write_shard`; tensors are views of a private memory map of the file.
     Only data is read: the header is JSON (see the module docstring), never unpickled.
@@ -362,12 +387,7 @@ def read_shard(path: Path, *, device: torch.device | None = None) -> Any:
         raise CheckpointError(f"{path}: shard format {got}")
     data_offset = len(head) + meta_bytes
     data_offset += -data_offset % _DATA_ALIGN
-    try:
-        blob_bytes = int(meta["blob_bytes"])
-        layout = _decode_layout(meta["layout"])
-        skeleton = _decode(meta["skeleton"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: malformed shard header: {exc!r}") from None
+    skeleton, layout, blob_bytes = _decode_meta(meta, str(path))
     if size != data_offset + blob_bytes:
         raise CheckpointError(f"{path}: {size} bytes, expected {data_offset + blob_bytes}")
     for item in layout:

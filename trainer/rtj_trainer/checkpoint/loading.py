@@ -21,9 +21,11 @@ import torch.distributed as dist
 
 from ..config import CheckpointConfig
 from ..errors import ForeignCheckpointError, WorldSizeChangedError
-from . import reshard
+from ..keeper import client as keeper
+from . import devicecopy, reshard
 from .committer import CheckpointStats
 from .format import (
+    DEVICE_VIEW_BYTES,
     CheckpointError,
     ShardRecord,
     checkpoint_dir_name,
@@ -59,7 +61,8 @@ class LoadedCheckpoint:
     rejected: tuple[str, ...]
     source: str = "store"
     """"store" (the shared store), "resharded" (the shared store, written at another world
-    size), "local" (every rank's node-local copy), "memory" (every
+    size), "local" (every rank's node-local copy), "device" (the same, a snapshot every rank's
+    device keeper holds: rtj_trainer.keeper), "memory" (every
     rank's staging buffer, after an in-process restart) or "live" (the same, holding the training
     state the interrupted attempt had reached: `stage_live`)."""
 
@@ -181,13 +184,32 @@ class Resumable:
         one resumed are then deleted: they belong to a line of training given up, and a later
         resume must never pair one of them with another rank's copy of the new line."""
         copies = local_copies(self._local) if self._local is not None else []
-        loaded = self._load_from_plan(plan, copies)
+        kept = self._kept_copy()
+        if kept is not None and self._local is not None:  # tried first for its step
+            record = kept[0]
+            copies.insert(0, LocalCopy(record.step, record.identity,
+                                       devicecopy.record_path(self._local)))
+        loaded = self._load_from_plan(plan, copies, kept)
         resumed = (step_of(loaded.directory.name) if loaded is not None else None) or 0
         drop_copies_after(copies, resumed)
         return loaded
 
-    def _load_from_plan(self, plan: ResumePlan,
-                        copies: list[LocalCopy]) -> LoadedCheckpoint | None:
+    def _kept_copy(self) -> tuple[devicecopy.DeviceCopy, torch.Tensor] | None:
+        """The snapshot this rank's device keeper holds (its record and the buffer, opened
+        here), if the record names the buffer the keeper holds now."""
+        if self._local is None or not keeper.configured():
+            return None
+        record = devicecopy.read(self._local)
+        if record is None:
+            return None
+        lease = keeper.lease(record.nbytes, self.device, allocate=False)
+        if lease is None or lease.generation != record.generation:
+            return None
+        return record, lease.tensor
+
+    def _load_from_plan(self, plan: ResumePlan, copies: list[LocalCopy],
+                        kept: tuple[devicecopy.DeviceCopy, torch.Tensor] | None = None,
+                        ) -> LoadedCheckpoint | None:
         if plan.committed is not None and self.stats.committed_step < 0:
             self.stats.committed_step, self.stats.committed_at = plan.committed
         records = dict(zip((name for name, _ in plan.candidates), plan.records, strict=True))
@@ -200,7 +222,8 @@ class Resumable:
         if staged is not None:
             return staged
         if self._local is not None:
-            local = self._load_local(newest_committed, records, [h[1] for h in held], copies)
+            local = self._load_local(newest_committed, records, [h[1] for h in held], copies,
+                                     kept)
             if local is not None:
                 return local
         rejected: list[str] = []
@@ -293,6 +316,7 @@ class Resumable:
     def _load_local(
         self, newest_committed: int, records: dict[str, dict[str, Any] | None],
         held: list[Any], mine: list[LocalCopy],
+        kept: tuple[devicecopy.DeviceCopy, torch.Tensor] | None = None,
     ) -> LoadedCheckpoint | None:
         """Collective (one agreement): the newest node-local copy every rank holds (`held`:
         every rank's copies, `mine`: this rank's), if not older than the newest commit (and,
@@ -301,19 +325,29 @@ class Resumable:
         if chosen is None:
             return None
         step, identity = chosen
-        copy = next(c for c in mine if (c.step, c.identity) == chosen)
+        mine_copy = next(c for c in mine if (c.step, c.identity) == chosen)
         directory = self.root / checkpoint_dir_name(step, identity)
         state: dict[str, Any] | None = None
         problem = ""
         committed = False
+        on_device = kept is not None and mine_copy.path.name == devicecopy.RECORD_NAME
         try:
+            size = kept[0].total_bytes if on_device and kept else mine_copy.path.stat().st_size
             if (data := records.get(directory.name)) is not None:
                 committed = True
                 expected = int(data["bytes"])
-                if copy.path.stat().st_size != expected:
-                    raise CheckpointError(f"{copy.path.name}: {copy.path.stat().st_size} bytes, "
+                if size != expected:
+                    raise CheckpointError(f"{mine_copy.path.name}: {size} bytes, "
                                           f"the manifest records {expected}")
-            state = read_shard(copy.path, device=self.device)  # RAM -> device at DMA speed
+            if on_device and kept:  # views of the keeper's buffer: loading copies them
+                record, buffer = kept
+                state = unflatten_state(copy.deepcopy(record.skeleton), [
+                    view if item.nbytes >= DEVICE_VIEW_BYTES or view.device.type == "cpu"
+                    else view.cpu()  # as read_shard: an RNG state, Adam's `step` on the host
+                    for item, view in zip(record.layout, tensor_views(buffer, record.layout),
+                                          strict=True)])
+            else:
+                state = read_shard(mine_copy.path, device=self.device)  # RAM -> device, DMA speed
         except (CheckpointError, OSError) as exc:
             problem = str(exc)
         if not self._agree(state is not None):
@@ -322,4 +356,5 @@ class Resumable:
             return None
         assert state is not None
         self._resumed_from = directory
-        return LoadedCheckpoint(directory, committed, state, (), source="local")
+        return LoadedCheckpoint(directory, committed, state, (),
+                                source="device" if on_device else "local")

@@ -34,6 +34,8 @@ from pathlib import Path
 from .format import WRITE_CHUNK_BYTES, WRITE_THREADS, checkpoint_dir_name
 
 LOCAL_KEEP = 2
+DEVICE_COPY_RECORD = "device-copy.json"
+"""The record of the snapshot a device keeper holds (rtj_trainer.checkpoint.devicecopy)."""
 _COPY_PATTERN = re.compile(r"^step-(\d{9})\.(.+)\.bin$")
 SPARE_NAME = ".spare.bin"
 """A copy's file given up before it was whole (a snapshot cut short by an in-process restart,
@@ -257,6 +259,8 @@ def discard_local_copies(directory: Path) -> None:
     for copy in local_copies(directory):
         with contextlib.suppress(OSError):
             copy.path.unlink()
+    with contextlib.suppress(OSError):
+        (directory / DEVICE_COPY_RECORD).unlink()  # rtj_trainer.checkpoint.devicecopy
     remove_partial_copies(directory, keep_spare=False)
     with contextlib.suppress(OSError):
         directory.rmdir()

@@ -57,6 +57,8 @@ from typing import Any
 
 import torch
 
+from ..keeper import client as keeper
+from . import devicecopy
 from .format import WRITE_CHUNK_BYTES, encode_header
 from .local import drop_spare, publish_local_copy
 from .staging import TensorLayout, flatten_state, plan_layout, tensor_views
@@ -83,6 +85,8 @@ class SnapshotTaker:
         self.rank = rank
         self.bounce_bytes = bounce_bytes
         self._buffer: torch.Tensor | None = None
+        self._lease: keeper.Lease | None = None
+        """The device keeper's buffer (rtj_trainer.keeper), when `_buffer` is that."""
         self.usable: bool | None = None
         """None until `prepare`; False when the device had no room for the buffer."""
         self._thread: threading.Thread | None = None
@@ -102,8 +106,15 @@ class SnapshotTaker:
         """Allocate the device buffer for a state of `nbytes` (plan_layout) if there is room."""
         if self._buffer is not None and self._buffer.numel() == nbytes:
             return True
-        self._buffer = None
-        if self.device.type == "cuda":
+        self._buffer, self._lease = None, None
+        if keeper.configured():
+            self._lease = keeper.lease(nbytes, self.device, allocate=True,
+                                       headroom=HEADROOM_BYTES)
+        if self._lease is not None:
+            self._buffer = self._lease.tensor
+            if self.device.type == "cuda":
+                self._stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        elif self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             if free < nbytes + HEADROOM_BYTES:
                 self._refuse(f"{free / 2**30:.1f} GiB free on {self.device}, "
@@ -160,22 +171,55 @@ class SnapshotTaker:
             event.record()  # the training stream: the copies above, nothing after them
         return skeleton, layout, total, event
 
+    @property
+    def kept(self) -> bool:
+        """Whether the buffer is a device keeper's (it outlives this process)."""
+        return self._lease is not None
+
     def take(self, step: int, identity: str, state: dict[str, Any]) -> float | None:
         """Copy `state` into the device buffer and start the thread that writes it as this
-        rank's local copy of `step`; returns the seconds the caller was blocked, or None when
-        the device has no room for the buffer (nothing taken: `usable` is False)."""
+        rank's local copy of `step` (with a keeper's buffer: that records the buffer as the
+        snapshot of `step` once the copy finished, `devicecopy`); returns the seconds the
+        caller was blocked, or None when the device has no room for the buffer (nothing taken:
+        `usable` is False)."""
         began = time.perf_counter()
+        self._forget_kept()
         copied = self._copy_in(state)
         if copied is None:
             return None
         skeleton, layout, total, event = copied
         header = encode_header(skeleton, layout, total)
         self._cancel.clear()
-        self._thread = threading.Thread(
-            target=self._write, args=(step, identity, header, self._buffer, event),
-            name=f"rtj-snapshot-{step}", daemon=True)
+        if self._lease is not None:
+            target: Callable[..., None] = self._record_kept
+            args: tuple[Any, ...] = (step, identity, header, self._lease.generation, total, event)
+        else:
+            target, args = self._write, (step, identity, header, self._buffer, event)
+        self._thread = threading.Thread(target=target, args=args, name=f"rtj-snapshot-{step}",
+                                        daemon=True)
         self._thread.start()
         return time.perf_counter() - began
+
+    def _forget_kept(self) -> None:
+        """Before the buffer is written: a keeper's buffer holds no whole snapshot from now."""
+        if self._lease is not None:
+            devicecopy.forget(self.folder)
+
+    def _record_kept(self, step: int, identity: str, header: bytes, generation: str,
+                     total: int, event: Any) -> None:
+        began = time.perf_counter()
+        try:
+            if event is not None:
+                event.synchronize()
+            devicecopy.publish(self.folder, step, identity, generation, total, header)
+        except Exception as exc:  # the buffer is not trusted: the saves' copies stand
+            self.failed += 1
+            log.warning("recording the device copy of step %d failed: %s", step, exc,
+                        extra={"rank": self.rank})
+            return
+        self.written += 1
+        self.last_write_seconds = time.perf_counter() - began
+        self.max_write_seconds = max(self.max_write_seconds, self.last_write_seconds)
 
     def stage(self, state: dict[str, Any], host: Callable[[int], torch.Tensor]
               ) -> tuple[Any, list[TensorLayout], torch.Tensor] | None:
@@ -186,6 +230,8 @@ class SnapshotTaker:
         of the state's size (nothing done: a save never reallocates the snapshots' buffer, whose
         old block the device would not count as free). The host buffer holds the state once
         `ready()` is True again and `staging_error()` is None."""
+        if self._buffer is not None and self.ready():
+            self._forget_kept()
         copied = self._copy_in(state, allocate=False)
         if copied is None:
             return None
@@ -293,4 +339,4 @@ class SnapshotTaker:
                 log.warning("a node-local snapshot's thread did not stop in %.0f s", timeout,
                             extra={"rank": self.rank})
         self._thread = None
-        self._buffer = None
+        self._buffer, self._lease = None, None

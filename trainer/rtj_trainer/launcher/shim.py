@@ -70,6 +70,12 @@ Before anything heavy is imported here, the shim starts a pool of pre-imported w
 attach client `<python> -m rtj_trainer.warm.attach ...`, which hands each worker over to one of them
 (docs/trainer.md, "Warm workers"). ft_launcher still starts, signals and waits for the client.
 
+**Device keepers** (`RTJ_DEVICE_KEEPER=1`). The shim starts one keeper process per local rank
+(rtj_trainer.keeper): it holds the node-local snapshots' buffer in device memory, so a worker
+killed on the node leaves its last snapshot on the GPU for the next one (docs/trainer.md,
+"Device keepers"). ft_launcher's wait for a dead worker's GPU memory allows for what the keepers
+hold (rtj_trainer.nvrx.launcher, patch 9).
+
 **The pod's liveness endpoint.** The shim also serves `GET /ranks` on
 RTJ_METRICS_HOST:(RTJ_METRICS_PORT - 1): every local rank's heartbeat, step and counters in one
 small JSON document (rtj_trainer.launcher.podmetrics), so the operator reads one endpoint per pod,
@@ -87,9 +93,11 @@ hang.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import MutableMapping, Sequence
@@ -98,7 +106,7 @@ from pathlib import Path
 
 from rtj_wire import env as wire_env
 
-from .. import stop, termination
+from .. import keeper, stop, termination
 from ..nvrx import launcher as nvrx_launcher
 from ..nvrx import monitorstate
 from ..warm import wire as warmwire
@@ -207,6 +215,32 @@ def start_warm_workers(launcher_args: list[str]) -> list[str]:
     return args
 
 
+def start_device_keepers(launcher_args: list[str]) -> str | None:
+    """With `RTJ_DEVICE_KEEPER=1`: start one device keeper per local rank (rtj_trainer.keeper)
+    in a private directory, exported to the workers; returns the directory (None: off)."""
+    if not keeper.switched_on(os.environ):
+        return None
+    directory = tempfile.mkdtemp(prefix="rtj-keeper-")  # mode 0700
+    processes = [subprocess.Popen(
+        [sys.executable, "-m", "rtj_trainer.keeper", f"--directory={directory}",
+         f"--local-rank={rank}", f"--parent={os.getpid()}"],
+        stdin=subprocess.DEVNULL, start_new_session=True)
+        for rank in range(warmpool.pool_size(launcher_args))]
+    os.environ[keeper.DIR_ENV] = directory
+
+    def stop_keepers() -> None:
+        for process in processes:
+            with contextlib.suppress(OSError):
+                process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(5)
+        shutil.rmtree(directory, ignore_errors=True)
+
+    atexit.register(stop_keepers)
+    log.warning("device keepers: %d in %s", len(processes), directory)
+    return directory
+
+
 def verdict_book(env: MutableMapping[str, str]) -> verdicts.VerdictBook:
     """The shim's book of the operator's verdicts on lost pods, at RTJ_LOST_PODS_FILE or a new
     pod-local file; the variable is set in `env` so that the workers find the file."""
@@ -232,6 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pod = podmetrics.start_from_environment(os.environ, rest, verdict_book(os.environ),
                                             monitor_dir=monitors)
     rest = start_warm_workers(rest)  # first: their imports overlap the launcher's own
+    keepers = start_device_keepers(rest)
     nvrx_launcher.install(
         non_retryable=options.non_retryable,
         exit_barrier_timeout=options.exit_barrier_timeout,
@@ -239,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stoppable=lambda: stop.registered_local_ranks(stoppable),
         on_finished=pod.mark_finished if pod is not None else None,
         on_non_retryable=record_termination,
+        keeper_mb=(lambda: keeper.held_mb(keepers)) if keepers is not None else None,
     )
     nvrx_launcher.run(rest)  # exits with ft_launcher's own exit code
     return 0

@@ -35,6 +35,10 @@ The patches, in short (NVRx 0.7.0 behaviour → what we need → cost measured):
    count as spent at its start).
 8. The rank monitors' handlers of their worker's messages (rtj_trainer.nvrx.monitorstate): each
    monitor also writes its rank's state to a small file the shim reads for its pod endpoint.
+9. `LocalElasticAgent._wait_for_gpu_memory_reclaim` (`install`, with `keeper_mb`): before
+   restarting workers ft_launcher waits until each GPU uses at most `gpu_memory_tolerance_mb`,
+   so the memory a device keeper holds (rtj_trainer.keeper) would hold every restart for the
+   full 50 s timeout → the tolerance grows by what the keepers hold, for that wait.
 
 Private attributes read here (guarded with the functions that define their meaning):
 `_pcontext`, `_rdzv_handler`, `_rdzv_handler._barrier_state`, `_remaining_restarts`,
@@ -106,6 +110,9 @@ PATCHES = (
            Target(f"{_AGENT}._invoke_run", "a5b658f9a6ddfd0d"),
            Target(f"{_AGENT}._invoke_run_with_any_failed_policy", "c2fff9ca728b68c8"),
            Target(f"{_ELASTIC}.run", "1f0bf1529692b17f"))),
+    Patch("the device keepers' memory is expected",
+          "a restart waits until each GPU holds at most 512 MB, a keeper's buffer included",
+          (Target(f"{_AGENT}._wait_for_gpu_memory_reclaim", "f83fb2622b2d5618"),)),
 )
 """Digests: tests/unit/test_trainer_nvrx_guards.py prints the installed ones when they differ."""
 
@@ -169,6 +176,23 @@ def poll_rendezvous_rounds_faster() -> None:
 
     if not isinstance(ft_rendezvous_barrier.time, _RoundPollTime):
         ft_rendezvous_barrier.time = _RoundPollTime()  # type: ignore[assignment]
+
+
+def _allow_keepers_in_reclaim(agent: Any, keeper_mb: Callable[[], float]) -> None:
+    """Patch 9: the reclaim wait's tolerance grows by what the keepers hold, for that wait."""
+    original = agent._wait_for_gpu_memory_reclaim
+
+    def _wait_for_gpu_memory_reclaim(self: Any, num_gpus: int) -> None:
+        held = keeper_mb()
+        config = self._ft_cfg
+        base = config.gpu_memory_tolerance_mb
+        config.gpu_memory_tolerance_mb = base + held
+        try:
+            original(self, num_gpus)
+        finally:
+            config.gpu_memory_tolerance_mb = base
+
+    replace(agent, "_wait_for_gpu_memory_reclaim", _wait_for_gpu_memory_reclaim)
 
 
 def peer_stop_under_way(exit_codes: Sequence[int | None]) -> bool:
@@ -288,6 +312,7 @@ def install(
     stoppable: Callable[[], Collection[int]] | None = None,
     on_finished: Callable[[], None] | None = None,
     on_non_retryable: Callable[[list[tuple[int, int]]], None] | None = None,
+    keeper_mb: Callable[[], float] | None = None,
 ) -> None:
     """Patches 3-8 on ft_launcher's agent and rank monitors in this process (before `run`).
 
@@ -297,7 +322,8 @@ def install(
     worker group succeeded (every worker exited 0), before the exit barrier; `on_non_retryable`
     with the (rank, code) of workers that exited with a non-retryable code, before the launcher
     stops the job. `restart_window` (seconds): each of `--max-restarts` is given back that long
-    after it was spent (None: a count over the job's life, as in NVRx)."""
+    after it was spent (None: a count over the job's life, as in NVRx). `keeper_mb()`: the GPU
+    memory (MiB) the device keepers hold now, allowed for in the restart's reclaim wait."""
     from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
@@ -305,6 +331,8 @@ def install(
     monitorstate.export_rank_monitor_state()
     poll_rendezvous_rounds_faster()
     agent = launcher.LocalElasticAgent
+    if keeper_mb is not None:
+        _allow_keepers_in_reclaim(agent, keeper_mb)
     original_shutdown = agent._shutdown
 
     def _shutdown(self: Any, death_sig: signal.Signals = signal.SIGTERM,
