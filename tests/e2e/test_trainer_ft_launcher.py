@@ -177,7 +177,11 @@ def test_a_killed_worker_resumes_from_the_snapshot_its_device_keeper_holds(
     at the start of step 15: the restarted workers resume from the snapshot the keepers hold
     (step 14, or 12 should its record not be written yet), read from the keepers' memory, not
     from a file; the losses are the fault-free run's. The keepers are gone with the launcher."""
-    out = _run(tmp_path, faults="15:1:sigkill", extra_env={"RTJ_DEVICE_KEEPER": "1"}, args=(
+    out = _run(
+        tmp_path, faults="15:1:sigkill",
+        # with warm workers, as the GPU benchmarks run: each takes the keepers' directory from
+        # its attach client's environment (the pool was started before the keepers)
+        extra_env={"RTJ_DEVICE_KEEPER": "1", "RTJ_WARM_WORKERS": "1"}, args=(
         "--set", "checkpoint.interval_steps=10",
         "--set", f"checkpoint.local_dir={tmp_path / 'shm'}",
         "--set", "checkpoint.local_interval_steps=2",

@@ -32,6 +32,10 @@ Why this shape:
   write once that is done. The step loop waited for that device-to-host copy before (~0.2 s
   for an 11.3 GB shard on an H100; 0.024 s with `stage`, docs/benchmarks.md). A save never
   reallocates the buffer: of another size, it is staged the old way.
+- **With a device keeper** (rtj_trainer.keeper, `RTJ_DEVICE_KEEPER=1`) the buffer is the
+  keeper's, lent through CUDA IPC: it outlives this process, so the thread only records the
+  snapshot once its copy finished on the device (rtj_trainer.checkpoint.devicecopy; the record
+  is removed before each copy into the buffer, a save's too) and copies nothing to the host.
 - **Device memory is checked, not assumed**: `prepare` allocates the buffer only when the
   device has that much free plus `HEADROOM_BYTES` (after the first step, so activations are
   counted); otherwise `usable` is False and the Checkpointer stages snapshots like saves.
