@@ -288,9 +288,7 @@ class Checkpointer(Snapshotting, CommitTracking, Resumable):
             writer = functools.partial(write_shard, fail=fail,
                                        local_copy=(str(self._local), step, self.identity))
         if deferred is not None:
-            self._deferred = DeferredSave(
-                pending, Staged(step, self.identity, self.rank, self.world_size, skeleton,
-                                layout), writer, args)
+            self._deferred = DeferredSave(pending, writer, args)
             self._pending.append(pending)
         elif self.cfg.mode == "async":
             self._request_write(writer, args, pending)

@@ -27,7 +27,7 @@ from .committer import CheckpointStats
 from .snapshots import SnapshotTaker
 from .staging import HostStaging, Staged, stage_to_host
 from .tracking import PendingSave
-from .writer import write_snapshot
+from .writer import record_failure, write_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +50,9 @@ class DeferredSave:
     (`Checkpointer._flush_deferred`)."""
 
     pending: PendingSave
-    staged: Staged
     writer: Callable[..., None]
     args: tuple[Any, ...]
+    """`write_shard`'s: (shard path, record path, skeleton, layout, buffer, rank)."""
 
 
 class Snapshotting:
@@ -102,11 +102,12 @@ class Snapshotting:
         if error is not None:
             log.error("staging the checkpoint of step %d failed: %s", deferred.pending.step,
                       error, extra={"rank": self.rank})
-            with contextlib.suppress(OSError):
-                Path(str(deferred.args[1]) + ".error").write_text(repr(error))
+            record_failure(str(deferred.args[1]), error)
             deferred.pending.written = True
             return
-        self._staging.staged = deferred.staged
+        _, _, skeleton, layout, _, _ = deferred.args
+        self._staging.staged = Staged(deferred.pending.step, self.identity, self.rank,
+                                      self.world_size, skeleton, layout)
         self._request_write(deferred.writer, deferred.args, deferred.pending)
 
     def _request_write(self, writer: Callable[..., None], args: tuple[Any, ...],

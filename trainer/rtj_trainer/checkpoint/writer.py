@@ -199,10 +199,16 @@ def write_shard(
     except Exception as exc:  # keep the persistent worker alive; the checkpoint never commits
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            Path(record_path + ".error").write_text(repr(exc))
+        record_failure(record_path, exc)
         if not in_worker:
             raise
+
+
+def record_failure(record_path: str, exc: BaseException) -> None:
+    """Leave `<record>.error` for a save that failed (its write, or staging it): rank 0's
+    commit sees it, and the checkpoint never commits."""
+    with contextlib.suppress(OSError):
+        Path(record_path + ".error").write_text(repr(exc))
 
 
 def write_snapshot(
