@@ -102,6 +102,9 @@ def trainer_env(
         (env.HEARTBEAT_TIMEOUT_SECONDS, str(spec.fault_tolerance.heartbeat_timeout_seconds)),
         (env.WARM_WORKERS, "1" if warm_workers(spec.fault_tolerance.warm_workers, plan,
                                                  builtin=spec.runs_builtin_trainer) else "0"),
+        # Same rule: the keepers serve the built-in trainer's snapshots (rtj_trainer.keeper).
+        (env.DEVICE_KEEPER, "1" if warm_workers(spec.fault_tolerance.device_keepers, plan,
+                                                  builtin=spec.runs_builtin_trainer) else "0"),
         # Other jobs whose checkpoints this one may resume (the trainer refuses any other's).
         *(((env.CHECKPOINT_RESUME_FROM_JOBS, ",".join(spec.checkpoint.resume_from_jobs)),)
           if spec.checkpoint.resume_from_jobs else ()),

@@ -172,6 +172,21 @@ def test_warm_workers_are_on_with_gpus_unless_the_job_says_otherwise(
         "RTJ_WARM_WORKERS"] == cpu
 
 
+@pytest.mark.parametrize(("setting", "gpu", "cpu"), [
+    ("Auto", "1", "0"), ("Enabled", "1", "1"), ("Disabled", "0", "0"),
+])
+def test_device_keepers_are_on_with_gpus_unless_the_job_says_otherwise(
+        setting: str, gpu: str, cpu: str) -> None:
+    job = p5_job(faultTolerance={"deviceKeepers": setting})
+    assert env_of(trainer_pod(job, node_index=0, attempt=0, settings=SETTINGS))[
+        "RTJ_DEVICE_KEEPER"] == gpu
+    cpu_job = p5_job(instanceType="c7i.8xlarge", procsPerNode=2,
+                     resources={"requests": {"cpu": "4", "memory": "8Gi"}}, env=[],
+                     faultTolerance={"deviceKeepers": setting})
+    assert env_of(trainer_pod(cpu_job, node_index=0, attempt=0, settings=SETTINGS))[
+        "RTJ_DEVICE_KEEPER"] == cpu
+
+
 def test_trainer_command_is_ft_launcher_with_the_trainer_argv() -> None:
     pod = trainer_pod(p5_job(), node_index=0, attempt=0, settings=SETTINGS)
     command = pod["spec"]["containers"][0]["command"]

@@ -132,6 +132,17 @@ class FaultTolerance(ApiModel):
             "otherwise. May change at any time (new pods get it)."
         ),
     )
+    device_keepers: Literal["Auto", "Enabled", "Disabled"] = Field(
+        default="Auto",
+        description=(
+            "`Enabled`: the launcher starts one keeper process per GPU that holds the "
+            "node-local snapshots' buffer in device memory, so a worker killed on its node "
+            "leaves its last snapshot on the GPU and the restarted worker loads it from there "
+            "(no host copy, no read; costs one CUDA context per GPU). `Disabled`: each worker "
+            "holds its own buffer. `Auto`: enabled on pods with GPUs that run the built-in "
+            "trainer. May change at any time (new pods get it)."
+        ),
+    )
     rendezvous_disruption_budget: Literal["Enabled", "Disabled"] = Field(
         default="Disabled",
         description=(

@@ -31,8 +31,11 @@ import json
 import os
 from typing import Any
 
-SWITCH_ENV = "RTJ_DEVICE_KEEPER"
-"""`1`: the launcher shim starts one keeper per local rank; `0` or unset: none."""
+from rtj_wire import env as wire_env
+
+SWITCH_ENV = wire_env.DEVICE_KEEPER
+"""`1`: the launcher shim starts one keeper per local rank; `0` or unset: none (the operator
+sets it from `faultTolerance.deviceKeepers`)."""
 DIR_ENV = "RTJ_DEVICE_KEEPER_DIR"
 """The shim's private directory of the keepers' sockets and status files (the workers inherit
 it); unset, a worker holds its snapshot buffer itself."""
