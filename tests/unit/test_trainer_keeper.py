@@ -147,3 +147,30 @@ def test_the_switch_names_itself_when_it_is_neither_1_nor_0(value: str) -> None:
     with pytest.raises(SystemExit, match="RTJ_DEVICE_KEEPER"):
         keeper.switched_on({keeper.SWITCH_ENV: value})
     assert keeper.switched_on({}) is False and keeper.switched_on({keeper.SWITCH_ENV: "1"})
+
+
+def test_a_resume_from_the_keepers_buffer_keeps_nothing_the_next_snapshot_overwrites(
+        keeper_dir: Path, tmp_path: Path) -> None:
+    from rtj_trainer.checkpoint.local import LocalCopy
+
+    folder = tmp_path / "local"
+    taker = snapshots.SnapshotTaker(folder, device=CPU, rank=0, bounce_bytes=1 << 20)
+    weights = torch.arange(4096, dtype=torch.float32)
+    taker.take(8, "a0-l0-i0-1", {"w": weights, "step": 8})
+    taker.wait(30)
+    resumer: Any = SimpleNamespace(_local=folder, device=CPU, root=tmp_path / "store",
+                                   _agree=lambda ok: ok, _resumed_from=None)
+    kept = Resumable._kept_copy(resumer)
+    assert kept is not None
+    loaded = Resumable._load_local(
+        resumer, -1, {}, [[(8, "a0-l0-i0-1")]],
+        [LocalCopy(8, "a0-l0-i0-1", devicecopy.record_path(folder))], kept)
+    assert loaded is not None and loaded.source == "device" and not loaded.committed
+    assert loaded.state["step"] == 8 and torch.equal(loaded.state["w"], weights)
+    buffer = kept[1]
+    begin, end = buffer.data_ptr(), buffer.data_ptr() + buffer.numel()
+    assert not begin <= loaded.state["w"].data_ptr() < end  # a copy, not a view of the buffer
+    taker.take(9, "a0-l0-i0-1", {"w": weights + 1, "step": 9})  # overwrites the buffer
+    taker.wait(30)
+    assert torch.equal(loaded.state["w"], weights)
+    taker.close()

@@ -339,10 +339,11 @@ class Resumable:
                 if size != expected:
                     raise CheckpointError(f"{mine_copy.path.name}: {size} bytes, "
                                           f"the manifest records {expected}")
-            if on_device and kept:  # views of the keeper's buffer: loading copies them
-                record, buffer = kept
-                state = unflatten_state(copy.deepcopy(record.skeleton), [
-                    view if item.nbytes >= DEVICE_VIEW_BYTES or view.device.type == "cpu"
+            if on_device and kept:  # the keeper's buffer, which the next snapshot overwrites:
+                record, buffer = kept  # large device tensors are views (loading copies them),
+                state = unflatten_state(copy.deepcopy(record.skeleton), [  # the rest copies
+                    view if item.nbytes >= DEVICE_VIEW_BYTES and view.device.type != "cpu"
+                    else view.clone() if view.device.type == "cpu"
                     else view.cpu()  # as read_shard: an RNG state, Adam's `step` on the host
                     for item, view in zip(record.layout, tensor_views(buffer, record.layout),
                                           strict=True)])
