@@ -293,6 +293,29 @@ def test_inprocess_restart_recovers_an_exception_in_the_same_processes(
     assert sorted(started) == sorted(["0", "1", *stopped]), (started, stopped)
 
 
+def test_an_inprocess_restart_keeps_the_state_at_the_fault_in_the_device_keepers_buffer(
+    tmp_path: Path, fault_free: dict[int, float]
+) -> None:
+    """With device keepers (rtj_trainer.keeper) and snapshots, an in-process restart keeps the
+    interrupted attempt's training state in the keeper's buffer (a device-to-device copy on a
+    GPU) instead of the host staging buffer, and the next attempt resumes from it: no step is
+    computed twice and the losses are the fault-free run's."""
+    out = _run(tmp_path, faults="8:1:exception", extra_env={
+        "RTJ_INPROCESS_RESTART": "1", "RTJ_HEARTBEAT_TIMEOUT_SECONDS": "60",
+        "RTJ_DEVICE_KEEPER": "1"}, args=(
+        "--set", f"checkpoint.local_dir={tmp_path / 'shm'}",
+        "--set", "checkpoint.local_interval_steps=2"))
+    summary = _summary(out)
+    assert summary["restarts"] == {"inprocess": 1, "launcher": 0, "pod": 0}
+    losses = _losses(tmp_path)
+    assert len({e["pid"] for e in losses}) == 1
+    assert [e["step"] for e in losses] == list(range(1, STEPS + 1))
+    _assert_same_losses(losses, fault_free)
+    kept = [ln for ln in out.splitlines() if "kept the training state after step 7" in ln]
+    assert kept and all("in the device keeper's memory" in ln for ln in kept), kept
+    assert "resumed from step-000000007" in out and "from the training state at the fault" in out
+
+
 @pytest.mark.long
 def test_inprocess_restart_catches_a_hang_by_its_soft_timeout(tmp_path: Path) -> None:
     """One rank (no peer whose collective timeout could raise for it) stops making progress while

@@ -121,15 +121,15 @@ def stage_offered(carry: CarryOver) -> int | None:
     checkpointer, step, state = carry.offered  # offer_live keeps at most one
     began = time.perf_counter()
     try:
-        checkpointer.stage_live(step, state)
+        where = checkpointer.stage_live(step, state)
     except Exception as exc:  # the restart goes on: the next attempt resumes from a copy
         carry.offered = None
         log.warning("could not keep the training state after step %d in memory: %s", step, exc,
                     extra={"rank": checkpointer.rank})
         return None
     carry.offered = None
-    log.info("kept the training state after step %d in memory for the next attempt (%.3f s)",
-             step, time.perf_counter() - began, extra={"rank": checkpointer.rank})
+    log.info("kept the training state after step %d %s for the next attempt (%.3f s)",
+             step, where, time.perf_counter() - began, extra={"rank": checkpointer.rank})
     return step
 
 

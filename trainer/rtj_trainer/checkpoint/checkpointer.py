@@ -316,19 +316,25 @@ class Checkpointer(Snapshotting, CommitTracking, Resumable):
         interrupt any more (`stage_offered`, from the wrapper's finalize step)."""
         self.carry.offered = (self, step, state)
 
-    def stage_live(self, step: int, state: dict[str, Any]) -> None:
+    def stage_live(self, step: int, state: dict[str, Any]) -> str:
         """Stage `state` (no collective) into the staging buffer as the save of `step`, nothing
         written anywhere. Every rank that does so at the same step lets the next attempt resume
         from there (`_load_staged`), with no step computed again. A write still reading the
         buffer is stopped first (as `close(abort=True)` would stop it). Cut short, the buffer
-        holds no save at all, and the next attempt resumes from a copy on disk."""
+        holds no save at all, and the next attempt resumes from a copy on disk. With a device
+        keeper holding a buffer of the state's size the state goes there instead, device to
+        device (`_stage_live_on_device`). Returns where it was kept (for the log)."""
         self._staging_allocated()
         self._discard_deferred()
         if self._queue is not None and not self._writer_idle():
             self._stop_busy_writer()
+        if self._stage_live_on_device(step, state):
+            self._staging.staged = None  # the staging buffer's save is older: not offered
+            return "in the device keeper's memory"
         skeleton, layout, _ = stage_to_host(state, self.device, self._staging)
         self._staging.staged = Staged(step, self.identity, self.rank, self.world_size, skeleton,
                                       layout, live=True)
+        return "in memory"
 
     def _stop_busy_writer(self) -> None:
         """Stop this rank's writer, which is still writing from the staging buffer; its

@@ -36,6 +36,9 @@ class DeviceCopy:
     total_bytes: int
     skeleton: Any
     layout: list[TensorLayout]
+    live: bool = False
+    """The training state an in-process restart interrupted (`Checkpointer.stage_live`), not a
+    snapshot: no copy of it exists anywhere else."""
 
     @property
     def key(self) -> tuple[int, str]:
@@ -53,12 +56,13 @@ def forget(folder: Path) -> None:
 
 
 def publish(folder: Path, step: int, identity: str, generation: str, nbytes: int,
-            header: bytes) -> None:
+            header: bytes, *, live: bool = False) -> None:
     """The buffer holds the snapshot of `step` (its copy finished on the device)."""
     path = record_path(folder)
     tmp = path.with_name(f".{RECORD_NAME}.tmp-{os.getpid()}")
     data = {"step": step, "identity": identity, "generation": generation, "nbytes": nbytes,
-            "total_bytes": len(header) + nbytes, "header": base64.b64encode(header).decode()}
+            "total_bytes": len(header) + nbytes, "header": base64.b64encode(header).decode(),
+            "live": live}
     folder.mkdir(parents=True, exist_ok=True)
     tmp.write_text(json.dumps(data, separators=(",", ":")))
     os.replace(tmp, path)
@@ -74,6 +78,7 @@ def read(folder: Path) -> DeviceCopy | None:
         if blob_bytes != nbytes:
             return None
         return DeviceCopy(int(data["step"]), str(data["identity"]), str(data["generation"]),
-                          nbytes, int(data["total_bytes"]), skeleton, layout)
+                          nbytes, int(data["total_bytes"]), skeleton, layout,
+                          bool(data.get("live", False)))
     except (OSError, ValueError, KeyError, TypeError, CheckpointError):
         return None

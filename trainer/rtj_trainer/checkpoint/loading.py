@@ -357,5 +357,7 @@ class Resumable:
             return None
         assert state is not None
         self._resumed_from = directory
-        return LoadedCheckpoint(directory, committed, state, (),
-                                source="device" if on_device else "local")
+        source = "local"
+        if on_device and kept:
+            source = "live" if kept[0].live else "device"
+        return LoadedCheckpoint(directory, committed, state, (), source=source)

@@ -22,10 +22,20 @@ from typing import Any
 import torch
 
 from ..config import CheckpointConfig
+from ..keeper import client as keeper
 from ..nvrx import asyncwriter
+from . import devicecopy
 from .committer import CheckpointStats
+from .format import encode_header
 from .snapshots import SnapshotTaker
-from .staging import HostStaging, Staged, stage_to_host
+from .staging import (
+    HostStaging,
+    Staged,
+    flatten_state,
+    plan_layout,
+    stage_to_host,
+    tensor_views,
+)
 from .tracking import PendingSave
 from .writer import record_failure, write_snapshot
 
@@ -132,6 +142,31 @@ class Snapshotting:
         self._deferred = None
         with contextlib.suppress(ValueError):
             self._pending.remove(deferred.pending)
+
+    def _stage_live_on_device(self, step: int, state: dict[str, Any]) -> bool:
+        """`stage_live` into the device keeper's buffer (rtj_trainer.keeper) when it holds one
+        of the state's size: a device-to-device copy, recorded as the live state of `step`
+        (`devicecopy`), instead of a device-to-host copy into the staging buffer, which the next
+        attempt would then copy back (together ~0.5 s for 11.3 GB on an H200). False: not
+        staged (no keeper, no buffer of that size)."""
+        if self._local is None or not keeper.configured():
+            return False
+        tensors: list[torch.Tensor] = []
+        skeleton = flatten_state(state, tensors)
+        layout, total = plan_layout(tensors)
+        lease = keeper.lease(total, self.device, allocate=False)
+        if lease is None:
+            return False
+        if self._snapshots is not None:
+            self._snapshots.wait()  # no snapshot's record may land after this one
+        devicecopy.forget(self._local)
+        if tensors:
+            torch._foreach_copy_(tensor_views(lease.tensor, layout), tensors)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        devicecopy.publish(self._local, step, self.identity, lease.generation, total,
+                           encode_header(skeleton, layout, total), live=True)
+        return True
 
     def snapshot_ready(self) -> bool:
         """Whether a snapshot (`snapshot`) can start now without waiting: a node-local folder,
