@@ -105,3 +105,53 @@ def test_a_write_that_fails_midway_leaves_no_temporary_file(tmp_path: Path) -> N
                    blob, 0, True, 0.0)
     assert (tmp_path / "rec.json.error").exists() and not (tmp_path / "rec.json").exists()
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def _direct_io_works(folder: Path) -> bool:
+    import os
+
+    probe = folder / "probe"
+    probe.write_bytes(b"")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_DIRECT))
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def test_direct_io_writes_the_aligned_data_past_the_cache_and_the_same_bytes(
+        tmp_path: Path) -> None:
+    """`checkpoint.direct_io`: a shard written with O_DIRECT where the filesystem allows it
+    (the header and the unaligned last slice through the page cache) is byte for byte the
+    shard written without, and its checksums verify; where it does not (tmpfs), every byte goes
+    through the cache and the record says none went direct."""
+    import numpy as np
+    from rtj_trainer.checkpoint import format as shard_format
+    from rtj_trainer.checkpoint.staging import plan_layout
+
+    generator = torch.Generator().manual_seed(9)
+    # Larger than one slice (8 MiB), not a multiple of the 4 KiB alignment: the last slice
+    # and the header cannot go direct.
+    data = torch.randint(0, 256, ((9 << 20) + 123,), dtype=torch.uint8, generator=generator)
+    blob = torch.empty(data.numel(), dtype=torch.uint8).share_memory_()  # page-aligned, as staged
+    blob.copy_(data)
+    layout, _ = plan_layout([data])
+    written = {}
+    for direct in (False, True):
+        path = tmp_path / f"shard-{direct}.bin"
+        record = tmp_path / f"rec-{direct}.json"
+        ck.write_shard(str(path), str(record), {"t": ck.TensorSlot(0)}, layout, blob, 0, False,
+                       0.0, chunk_bytes=4 << 20, threads=3, direct=direct)
+        shard = ck.ShardRecord.from_json(json.loads(record.read_text()))
+        assert shard_format.checksum_problems(path, shard) == []
+        written[direct] = (path.read_bytes(), shard.writer["direct_bytes"])
+    assert written[True][0] == written[False][0]
+    assert written[False][1] == 0
+    data_bytes = np.frombuffer(written[True][0], dtype=np.uint8)[-data.numel():]
+    assert torch.equal(torch.from_numpy(data_bytes.copy()), data)
+    if _direct_io_works(tmp_path):
+        # the two whole 4 MiB chunks; the last chunk (1 MiB + 123 bytes, one slice) and the
+        # header go through the cache
+        assert written[True][1] == 8 << 20
+    else:
+        assert written[True][1] == 0

@@ -283,9 +283,10 @@ class Checkpointer(Snapshotting, CommitTracking, Resumable):
         )
         pending = PendingSave(step, directory, time.time(), 0.0,
                               wait_seconds=waited - began, copy_seconds=copied - waited)
-        writer: Callable[..., None] = functools.partial(write_shard, fail=fail)
+        writer: Callable[..., None] = functools.partial(write_shard, fail=fail,
+                                                        direct=self.cfg.direct_io)
         if self._local is not None and local_copy:
-            writer = functools.partial(write_shard, fail=fail,
+            writer = functools.partial(write_shard, fail=fail, direct=self.cfg.direct_io,
                                        local_copy=(str(self._local), step, self.identity))
         if deferred is not None:
             self._deferred = DeferredSave(pending, writer, args)

@@ -103,16 +103,48 @@ def _start_writeback_function() -> Callable[[int, int, int], object] | None:
     return lambda fd, offset, nbytes: function(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
 
 
+DIRECT_ALIGN = 4096
+"""Offsets, lengths and memory addresses of writes through O_DIRECT are multiples of this."""
+
+
+def _address(view: memoryview) -> int | None:
+    """The memory address of a writable buffer's first byte (None: read-only, e.g. bytes)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except (TypeError, ValueError):
+        return None
+
+
 def _write_chunk(fd: int, data: memoryview, offset: int,
-                 start_writeback: Callable[[int, int, int], object] | None) -> str:
-    """Hash and pwrite one chunk (slice by slice, so the write reads cache-warm bytes)."""
+                 start_writeback: Callable[[int, int, int], object] | None,
+                 direct_fd: int | None = None, direct_bytes: list[int] | None = None) -> str:
+    """Hash and pwrite one chunk (slice by slice, so the write reads cache-warm bytes). With
+    `direct_fd` (the file opened with O_DIRECT) each slice whose offset, length and address are
+    aligned goes through it, past the page cache; the rest (the header, the last slice), or a
+    slice the filesystem refuses, through `fd`. `direct_bytes[0]` counts what went direct."""
     digest = hashlib.sha256()
     for begin in range(0, len(data), SLICE_BYTES):
         piece = data[begin : begin + SLICE_BYTES]
         digest.update(piece)
+        at = offset + begin
+        target = fd
+        if (direct_fd is not None and at % DIRECT_ALIGN == 0 and len(piece) % DIRECT_ALIGN == 0
+                and (address := _address(piece)) is not None and address % DIRECT_ALIGN == 0):
+            target = direct_fd
         done = 0
         while done < len(piece):
-            done += os.pwrite(fd, piece[done:], offset + begin + done)
+            try:
+                wrote = os.pwrite(target, piece[done:], at + done)
+            except OSError as exc:
+                if target == fd or exc.errno != errno.EINVAL:
+                    raise
+                target = fd  # this filesystem refuses the direct write: through the cache
+                continue
+            if target != fd and direct_bytes is not None:
+                direct_bytes[0] += wrote
+            done += wrote
+            if done % DIRECT_ALIGN:
+                target = fd  # a short direct write: the rest is not aligned any more
     if start_writeback is not None:
         start_writeback(fd, offset, len(data))
     return digest.hexdigest()
@@ -132,6 +164,7 @@ def write_shard(
     *,
     local_copy: tuple[str, int, str] | None = None,
     fail: str | None = None,
+    direct: bool = False,
 ) -> None:
     """Write one rank's shard durably, then its record; failures leave a `.error` file instead.
 
@@ -142,7 +175,8 @@ def write_shard(
     takes about the longer of the two, not their sum, so the writer keeps up with saves that
     come faster); this returns once both are done, as the staging buffer is reused after it.
     `fail` (fault injection, rtj_trainer.faults.WRITE_FAULTS): "error" fails the write with EIO
-    (the `.error` record is left as for any failure); "lost" leaves nothing at all.
+    (the `.error` record is left as for any failure); "lost" leaves nothing at all. `direct`
+    (`checkpoint.direct_io`): the blob's aligned slices are written with O_DIRECT.
     """
     if in_worker:
         _die_with_parent()
@@ -178,7 +212,7 @@ def write_shard(
                 (data[start : start + chunk_bytes], len(header) + start)
                 for start in range(0, len(data), max(1, chunk_bytes))
             ]
-            digests, written, synced = _write_file(tmp, pieces, threads)
+            digests, written, synced, direct_bytes = _write_file(tmp, pieces, threads, direct)
         finally:
             if local_thread is not None:
                 local_thread.join()  # it reads the staging buffer, which is reused after this
@@ -193,7 +227,8 @@ def write_shard(
              "write_seconds": round(written - began, 4),
              "fsync_seconds": round(synced - written, 4),
              "threads": float(max(1, min(threads, len(pieces)))),
-             "local_seconds": round(local_seconds[0], 4)},
+             "local_seconds": round(local_seconds[0], 4),
+             "direct_bytes": float(direct_bytes)},
         )
         write_json_atomic(Path(record_path), record.to_json())
     except Exception as exc:  # keep the persistent worker alive; the checkpoint never commits
@@ -235,24 +270,35 @@ def write_snapshot(
             raise
 
 
-def _write_file(tmp: Path, pieces: list[tuple[memoryview, int]],
-                threads: int) -> tuple[list[str], float, float]:
+def _write_file(tmp: Path, pieces: list[tuple[memoryview, int]], threads: int,
+                direct: bool = False) -> tuple[list[str], float, float, int]:
     """pwrite `pieces` ((bytes, offset)) into `tmp`, hashing each, with `threads` threads, then
-    fsync: (digests, written at, synced at) in perf_counter seconds."""
+    fsync: (digests, written at, synced at in perf_counter seconds, bytes written with O_DIRECT).
+    `direct`: aligned slices go through a second descriptor opened with O_DIRECT when the
+    filesystem allows it (not tmpfs: then every byte goes through the page cache, as without)."""
     start_writeback = _start_writeback_function()
     workers = max(1, min(threads, len(pieces)))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    direct_fd = None
+    if direct and hasattr(os, "O_DIRECT"):
+        with contextlib.suppress(OSError):
+            direct_fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC | os.O_DIRECT)
+    counted = [0]
     try:
+        def write(item: tuple[memoryview, int]) -> str:
+            return _write_chunk(fd, item[0], item[1], start_writeback, direct_fd, counted)
+
         if workers == 1:
-            digests = [_write_chunk(fd, view, at, start_writeback) for view, at in pieces]
+            digests = [write(item) for item in pieces]
         else:
             with ThreadPoolExecutor(max_workers=workers) as pool:
-                digests = list(pool.map(
-                    lambda item: _write_chunk(fd, item[0], item[1], start_writeback), pieces))
+                digests = list(pool.map(write, pieces))
         written = time.perf_counter()
-        os.fsync(fd)
+        os.fsync(fd)  # the page cache's part, the file's size and the device's write cache
     finally:
+        if direct_fd is not None:
+            os.close(direct_fd)
         os.close(fd)
-    return digests, written, time.perf_counter()
+    return digests, written, time.perf_counter(), counted[0]
 
 
