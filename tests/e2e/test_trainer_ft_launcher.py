@@ -78,6 +78,16 @@ def _summary(out: str) -> dict[str, Any]:
     return summary
 
 
+def _resumed_by_the_second_attempt(losses: list[dict[str, Any]]) -> int:
+    """The step the run's second (and last) attempt resumed from: one before its first step."""
+    attempts: list[str] = []
+    for entry in losses:
+        if entry["attempt"] not in attempts:
+            attempts.append(entry["attempt"])
+    assert len(attempts) == 2, attempts
+    return int(next(e["step"] for e in losses if e["attempt"] == attempts[1])) - 1
+
+
 def _assert_same_losses(run: list[dict[str, Any]], baseline: dict[int, float]) -> None:
     for entry in run:
         assert entry["loss"] == baseline[entry["step"]], (entry, baseline[entry["step"]])
@@ -157,12 +167,7 @@ def test_a_killed_worker_resumes_from_a_node_local_snapshot_between_saves(
     # of 2 steps before still ran (then staged as before; both were committed: above)
     assert 1 <= summary["attempt_saves_through_device_copy"] <= 2, summary
     losses = _losses(tmp_path)
-    attempts: list[str] = []
-    for entry in losses:
-        if entry["attempt"] not in attempts:
-            attempts.append(entry["attempt"])
-    assert len(attempts) == 2, attempts
-    resumed = next(e["step"] for e in losses if e["attempt"] == attempts[1]) - 1
+    resumed = _resumed_by_the_second_attempt(losses)
     assert resumed in (12, 14), _resumes(out)
     assert f"(step {resumed}) from the node-local copies" in out, _resumes(out)
     _assert_same_losses(losses, fault_free)
@@ -193,12 +198,7 @@ def test_a_killed_worker_resumes_from_the_snapshot_its_device_keeper_holds(
     found = re.search(r"device keepers: 2 in (\S+)", out)
     assert found, out[-3000:]
     losses = _losses(tmp_path)
-    attempts: list[str] = []
-    for entry in losses:
-        if entry["attempt"] not in attempts:
-            attempts.append(entry["attempt"])
-    assert len(attempts) == 2, attempts
-    resumed = next(e["step"] for e in losses if e["attempt"] == attempts[1]) - 1
+    resumed = _resumed_by_the_second_attempt(losses)
     assert resumed in (12, 14), _resumes(out)
     assert f"(step {resumed}) from the snapshot the device keepers hold" in out, _resumes(out)
     _assert_same_losses(losses, fault_free)

@@ -157,34 +157,21 @@ def test_user_env_overrides_the_platform_defaults_without_duplicates() -> None:
     assert env_of(pod)["NCCL_SOCKET_IFNAME"] == "eth0"
 
 
+@pytest.mark.parametrize(("field", "variable"), [
+    ("warmWorkers", "RTJ_WARM_WORKERS"), ("deviceKeepers", "RTJ_DEVICE_KEEPER"),
+])
 @pytest.mark.parametrize(("setting", "gpu", "cpu"), [
     ("Auto", "1", "0"), ("Enabled", "1", "1"), ("Disabled", "0", "0"),
 ])
-def test_warm_workers_are_on_with_gpus_unless_the_job_says_otherwise(
-        setting: str, gpu: str, cpu: str) -> None:
-    job = p5_job(faultTolerance={"warmWorkers": setting})
-    assert env_of(trainer_pod(job, node_index=0, attempt=0, settings=SETTINGS))[
-        "RTJ_WARM_WORKERS"] == gpu
+def test_warm_workers_and_device_keepers_are_on_with_gpus_unless_the_job_says_otherwise(
+        field: str, variable: str, setting: str, gpu: str, cpu: str) -> None:
+    job = p5_job(faultTolerance={field: setting})
+    assert env_of(trainer_pod(job, node_index=0, attempt=0, settings=SETTINGS))[variable] == gpu
     cpu_job = p5_job(instanceType="c7i.8xlarge", procsPerNode=2,
                      resources={"requests": {"cpu": "4", "memory": "8Gi"}}, env=[],
-                     faultTolerance={"warmWorkers": setting})
+                     faultTolerance={field: setting})
     assert env_of(trainer_pod(cpu_job, node_index=0, attempt=0, settings=SETTINGS))[
-        "RTJ_WARM_WORKERS"] == cpu
-
-
-@pytest.mark.parametrize(("setting", "gpu", "cpu"), [
-    ("Auto", "1", "0"), ("Enabled", "1", "1"), ("Disabled", "0", "0"),
-])
-def test_device_keepers_are_on_with_gpus_unless_the_job_says_otherwise(
-        setting: str, gpu: str, cpu: str) -> None:
-    job = p5_job(faultTolerance={"deviceKeepers": setting})
-    assert env_of(trainer_pod(job, node_index=0, attempt=0, settings=SETTINGS))[
-        "RTJ_DEVICE_KEEPER"] == gpu
-    cpu_job = p5_job(instanceType="c7i.8xlarge", procsPerNode=2,
-                     resources={"requests": {"cpu": "4", "memory": "8Gi"}}, env=[],
-                     faultTolerance={"deviceKeepers": setting})
-    assert env_of(trainer_pod(cpu_job, node_index=0, attempt=0, settings=SETTINGS))[
-        "RTJ_DEVICE_KEEPER"] == cpu
+        variable] == cpu
 
 
 def test_trainer_command_is_ft_launcher_with_the_trainer_argv() -> None:
