@@ -91,7 +91,7 @@ def test_a_snapshot_is_recorded_once_whole_and_forgotten_before_the_next_copy(
     assert record is not None and (record.step, record.identity) == (4, "a0-l0-i0-1")
     assert taker.written == 1
     weights.add_(1.0)
-    taker._forget_kept()  # what `take` and `stage` do before the copy is launched
+    taker._forget_kept()  # what `take` and `stage` do before the copy is launched (_copy_in)
     assert devicecopy.read(folder) is None
     assert taker.take(6, "a0-l0-i0-1", {"w": weights, "step": 6}) is not None
     taker.wait(30)
@@ -102,6 +102,11 @@ def test_a_snapshot_is_recorded_once_whole_and_forgotten_before_the_next_copy(
     assert found is not None and found[0].step == 6
     views = found[1][record.layout[0].offset:record.layout[0].offset + record.layout[0].nbytes]
     assert torch.equal(views.view(torch.float32), weights)
+    # a save of another size is not staged through the buffer and leaves the record standing
+    other = taker.stage({"w": torch.ones(7), "step": 7}, lambda n: torch.empty(n, dtype=torch.uint8))
+    assert other is None
+    record = devicecopy.read(folder)
+    assert record is not None and record.step == 6
     # a save staged through the same buffer removes the record before its copy
     staged = taker.stage({"w": weights, "step": 7}, lambda n: torch.empty(n, dtype=torch.uint8))
     assert staged is not None and devicecopy.read(folder) is None

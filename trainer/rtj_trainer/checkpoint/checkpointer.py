@@ -86,10 +86,9 @@ from .pruning import BackgroundDeleter
 from .snapshots import SnapshotTaker
 from .snapshotting import DeferredSave, Snapshotting, SnapshotWrite
 from .staging import (
+    FlatState,
     HostStaging,
     Staged,
-    flatten_state,
-    plan_layout,
     stage_to_host,
 )
 from .tracking import CommitTracking, PendingSave
@@ -219,10 +218,10 @@ class Checkpointer(Snapshotting, CommitTracking, Resumable):
         """Start allocating (and page-locking) the staging buffer for a state shaped like
         `state` in a thread, so that neither the step loop nor the first save's stall pays for
         a multi-GB allocation (`_staging_allocated` waits for it)."""
-        tensors: list[torch.Tensor] = []
+        flat = FlatState.of(state)
         # A state that is not plain data fails here, once, not in every writer (format docstring).
-        encode_skeleton(flatten_state(state, tensors))
-        total = plan_layout(tensors)[1]
+        encode_skeleton(flat.skeleton)
+        total = flat.total
         if self._snapshots is not None:
             self._snapshots.prepare(total)
         buffer = self._staging.buffer

@@ -65,7 +65,7 @@ from ..keeper import client as keeper
 from . import devicecopy
 from .format import WRITE_CHUNK_BYTES, encode_header
 from .local import drop_spare, publish_local_copy
-from .staging import TensorLayout, flatten_state, plan_layout, tensor_views
+from .staging import FlatState, TensorLayout
 
 log = logging.getLogger(__name__)
 
@@ -153,27 +153,24 @@ class SnapshotTaker:
         """Copy `state` into the device buffer on the training stream: (skeleton, layout, its
         bytes, the event after the copy (None on CPU)), or None when the device has no room
         for the buffer (`usable` is False) or, `allocate` False, when the buffer is not there
-        in that size (nothing copied, nothing freed)."""
+        in that size (nothing copied, nothing freed, a keeper's record left as it was)."""
         if self.usable is False:
             return None
         if not self.ready():
             raise RuntimeError("a snapshot is still being written")
-        tensors: list[torch.Tensor] = []
-        skeleton = flatten_state(state, tensors)
-        layout, total = plan_layout(tensors)
-        if not allocate and (self._buffer is None or self._buffer.numel() != total):
+        flat = FlatState.of(state)
+        if not allocate and (self._buffer is None or self._buffer.numel() != flat.total):
             return None
-        if not self.prepare(total):
+        if not self.prepare(flat.total):
             return None
         assert self._buffer is not None
-        views = tensor_views(self._buffer, layout)
-        if tensors:  # a few multi-tensor launches, not one copy per tensor (hundreds)
-            torch._foreach_copy_(views, tensors)
+        self._forget_kept()  # only now: a state of another size leaves the record standing
+        flat.copy_into(self._buffer)
         event = None
         if self.device.type == "cuda":
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record()  # the training stream: the copies above, nothing after them
-        return skeleton, layout, total, event
+        return flat.skeleton, flat.layout, flat.total, event
 
     @property
     def kept(self) -> bool:
@@ -187,7 +184,6 @@ class SnapshotTaker:
         caller was blocked, or None when the device has no room for the buffer (nothing taken:
         `usable` is False)."""
         began = time.perf_counter()
-        self._forget_kept()
         copied = self._copy_in(state)
         if copied is None:
             return None
@@ -234,8 +230,6 @@ class SnapshotTaker:
         of the state's size (nothing done: a save never reallocates the snapshots' buffer, whose
         old block the device would not count as free). The host buffer holds the state once
         `ready()` is True again and `staging_error()` is None."""
-        if self._buffer is not None and self.ready():
-            self._forget_kept()
         copied = self._copy_in(state, allocate=False)
         if copied is None:
             return None

@@ -29,12 +29,10 @@ from .committer import CheckpointStats
 from .format import encode_header
 from .snapshots import SnapshotTaker
 from .staging import (
+    FlatState,
     HostStaging,
     Staged,
-    flatten_state,
-    plan_layout,
     stage_to_host,
-    tensor_views,
 )
 from .tracking import PendingSave
 from .writer import record_failure, write_snapshot
@@ -151,21 +149,18 @@ class Snapshotting:
         staged (no keeper, no buffer of that size)."""
         if self._local is None or not keeper.configured():
             return False
-        tensors: list[torch.Tensor] = []
-        skeleton = flatten_state(state, tensors)
-        layout, total = plan_layout(tensors)
-        lease = keeper.lease(total, self.device, allocate=False)
+        flat = FlatState.of(state)
+        lease = keeper.lease(flat.total, self.device, allocate=False)
         if lease is None:
             return False
         if self._snapshots is not None:
             self._snapshots.wait()  # no snapshot's record may land after this one
         devicecopy.forget(self._local)
-        if tensors:
-            torch._foreach_copy_(tensor_views(lease.tensor, layout), tensors)
+        flat.copy_into(lease.tensor)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        devicecopy.publish(self._local, step, self.identity, lease.generation, total,
-                           encode_header(skeleton, layout, total), live=True)
+        devicecopy.publish(self._local, step, self.identity, lease.generation, flat.total,
+                           encode_header(flat.skeleton, flat.layout, flat.total), live=True)
         return True
 
     def snapshot_ready(self) -> bool:

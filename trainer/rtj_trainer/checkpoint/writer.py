@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from ..files import fsync_dir, write_json_atomic
+from ..lifeline import die_with_parent
 from .format import (
     SLICE_BYTES,
     WRITE_CHUNK_BYTES,
@@ -54,15 +55,6 @@ WRITER_PROCESS_NAME = b"rtj-ckpt-writer"
 """The writer's process name (`ps`, /proc/<pid>/comm): operators and fault drills find it."""
 
 
-def _die_with_parent() -> None:
-    """Make the kernel SIGKILL this writer when its trainer dies, and name the process
-    (Linux prctl)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        libc.prctl(15, ctypes.c_char_p(WRITER_PROCESS_NAME), 0, 0, 0)  # PR_SET_NAME
-
-
 def _exit_now(signum: int, frame: object) -> None:
     os._exit(128 + signum)
 
@@ -74,7 +66,7 @@ def arm_writer(trainer_pid: int) -> None:
     chunks: about a second on a fault's critical path, seen on two H200s. This writer holds only
     host memory (no CUDA handles to release), so exiting at once is safe; a half-written shard
     or local copy keeps its temporary name and is never committed or offered."""
-    _die_with_parent()
+    die_with_parent(WRITER_PROCESS_NAME)
     signal.signal(signal.SIGTERM, _exit_now)
     if os.getppid() != trainer_pid:
         os._exit(0)
@@ -179,7 +171,7 @@ def write_shard(
     (`checkpoint.direct_io`): the blob's aligned slices are written with O_DIRECT.
     """
     if in_worker:
-        _die_with_parent()
+        die_with_parent(WRITER_PROCESS_NAME)
     if delay_seconds:
         time.sleep(delay_seconds)
     shard = Path(shard_path)
@@ -260,7 +252,7 @@ def write_snapshot(
     saves (`checkpoint.local_interval_steps`), nothing on the shared store, nothing to commit.
     A failed snapshot is no error: the previous copies stand, and the next one comes."""
     if in_worker:
-        _die_with_parent()
+        die_with_parent(WRITER_PROCESS_NAME)
     try:
         data = _byte_view(blob)
         header = encode_header(skeleton, layout, len(data))

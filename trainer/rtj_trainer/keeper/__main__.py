@@ -13,23 +13,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
-import signal
 import socket
 import sys
 from typing import Any
 
 from ..files import write_json_atomic
+from ..lifeline import die_with_parent
 from . import encode_cuda_share, socket_path, status_path
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        libc.prctl(15, ctypes.c_char_p(b"rtj-keeper"), 0, 0, 0)  # PR_SET_NAME
 
 
 class Keeper:
@@ -139,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent", type=int, default=0,
                         help="exit at once if this is no longer the parent's pid")
     args = parser.parse_args(argv)
-    _die_with_parent()
+    die_with_parent(b"rtj-keeper")
     if args.parent and os.getppid() != args.parent:
         return 0
     keeper = Keeper(args.directory, args.local_rank)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import ctypes
 import os
 import runpy
 import signal
@@ -43,6 +42,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from .. import timeline
+from ..lifeline import parent_death_signal
 from . import wire as warmwire
 
 REQUEST_TIMEOUT_SECONDS = 5.0
@@ -54,11 +54,6 @@ PRELOADED = (
 """What a worker imports before its first line of training (rtj_trainer.__main__ and the lazy
 imports of rtj_trainer.resiliency and rtj_trainer.checkpoint; rtj_trainer.nvrx.preload names the
 NVRx modules, which only rtj_trainer.nvrx imports)."""
-
-
-def _prctl_parent_death_signal(sig: int) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
 
 
 def preimport() -> None:
@@ -219,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="pipe to the pool: R when ready, T when taken")
     options = parser.parse_args(argv)
     pool_dir = os.environ[warmwire.POOL_DIR_ENV]
-    _prctl_parent_death_signal(signal.SIGKILL)
+    parent_death_signal(signal.SIGKILL)
     listener, socket_path = listen(pool_dir)
     began = time.time()
     preimport()
@@ -246,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     attachment = _attachment = Attachment(conn)
     _wrap_os_exit(attachment)
     apply(request, fds)
-    _prctl_parent_death_signal(0)  # from now on it lives as long as its client
+    parent_death_signal(0)  # from now on it lives as long as its client
     started = timeline.process_start_time(request.pid)
     if started is not None:
         timeline.mark("process_start", started)
