@@ -396,7 +396,8 @@ class Resiliency:
             # the process groups: leave the rank monitor, then cut gloo's connections (a no-op
             # on NCCL; rtj_trainer.gloocut).
             return inprocess.run(settings, attempt,
-                                 before_abort=(self.pause_rank_monitor, self._cut_gloo),
+                                 before_abort=(_mark("restart_abort"), self.pause_rank_monitor,
+                                               self._cut_gloo, _mark("restart_ours_aborted")),
                                  finalize=self._finish_interrupted_closes,
                                  on_enter=listener.enter if listener is not None else None,
                                  fatal=(FatalError,))
@@ -413,10 +414,12 @@ class Resiliency:
         attempt's own cleanup could not finish (its writer: keep it if idle, stop it if busy),
         stage the training state the attempt offered to keep (checkpoint.stage_offered) and
         start the replacement of a writer stopped mid-write."""
+        timeline.mark("restart_finalize")
         if close_interrupted(self.carry):
             log.info("finished a checkpointer close that the restart interrupted")
         stage_offered(self.carry)  # the interrupted attempt's training state, for the next one
         ProcessWriter(self.carry).start_replacement()  # of a writer stopped mid-write
+        timeline.mark("restart_finalized")
 
     def _pod_loss_listener(self) -> podloss.PodLossListener | None:
         """The thread that applies the operator's verdicts on lost pods (rtj_trainer.podloss):
@@ -491,3 +494,8 @@ class StartupAllowance:
             with contextlib.suppress(Exception):
                 self._wrapper.hang_protection(True)
             return True
+
+
+def _mark(name: str) -> Callable[[], None]:
+    """An in-process restart's step that only marks the timeline (`timeline.RESTART_MARKS`)."""
+    return lambda: timeline.mark(name)

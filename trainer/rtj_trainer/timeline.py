@@ -24,6 +24,13 @@ import time
 PROCESS_MARKS = ("process_start", "attached", "main", "imports")
 """`attached`: a warm worker took over this worker (rtj_trainer.warm.worker); `process_start` is
 then the start of the worker process ft_launcher started (the attach client)."""
+RESTART_MARKS = ("restart_abort", "restart_ours_aborted", "restart_finalize", "restart_finalized")
+"""How the in-process restart before this attempt went (rtj_trainer.resiliency), kept into the
+attempt it started: NVRx's monitor thread began the abort steps (`restart_abort`, after the
+wrapper's `last_call_wait`), ours were done (`restart_ours_aborted`; NVRx then aborts NCCL and
+destroys the process groups, waits for the device and raises into the main thread), the finalize
+step began (`restart_finalize`: the main thread caught the restart) and ended (`restart_finalized`:
+writer closed, live state kept); then NVRx's health check, iteration barrier and `attempt`."""
 _marks: dict[str, float] = {}
 
 
@@ -47,8 +54,9 @@ def mark(name: str, at: float | None = None) -> None:
 
 
 def begin_attempt() -> None:
-    """Forget the previous attempt's marks (process-level marks stay) and mark `attempt`."""
-    for name in [n for n in _marks if n not in PROCESS_MARKS]:
+    """Forget the previous attempt's marks (process-level and restart marks stay) and mark
+    `attempt`."""
+    for name in [n for n in _marks if n not in PROCESS_MARKS + RESTART_MARKS]:
         del _marks[name]
     mark("attempt")
 
