@@ -3,8 +3,9 @@
 ft_launcher notices a dead worker only once the process has exited (its poll sees the exit
 status), and the kernel tears down the process's memory and the CUDA driver its context before
 that. This kills a child that holds what a 1B rank holds (GPU memory, an 11.3 GB shared staging
-buffer, page-locked or not) and times SIGKILL -> waitpid returns, and -> NVML shows the GPU
-memory freed (what ft_launcher's `--ft-gpu-memory-reclaim-timeout` waits for).
+buffer, page-locked or not, or written and released from the process's page tables as the
+checkpoint writer process now does) and times SIGKILL -> waitpid returns, and -> NVML shows the
+GPU memory freed (what ft_launcher's `--ft-gpu-memory-reclaim-timeout` waits for).
 
     python3 bench/device/killexit.py --out $OUT/killexit.json
 """
@@ -22,6 +23,7 @@ import time
 CHILD = r"""
 import sys, time, torch
 gpu_gib, host_gib, register = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
+release = sys.argv[4] == "1"
 torch.cuda.init()
 blocks = [torch.empty(1 << 30, dtype=torch.uint8, device="cuda") for _ in range(int(gpu_gib))]
 torch.cuda.synchronize()
@@ -31,6 +33,9 @@ if host_gib:
     if register:
         rc = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.numel(), 0)
         assert int(rc) == 0, rc
+    if release:  # what the checkpoint writer process does with each slice it wrote
+        from rtj_trainer.checkpoint.writer import _byte_view, _page_releaser
+        _page_releaser()(_byte_view(host))
 print("ready", flush=True)
 time.sleep(600)
 """
@@ -42,10 +47,12 @@ def used_mib() -> float:
     return float(out.strip().splitlines()[0])
 
 
-def one(gpu_gib: float, host_gib: float, register: bool) -> dict[str, float | bool]:
+def one(gpu_gib: float, host_gib: float, register: bool,
+        release: bool = False) -> dict[str, float | bool]:
     baseline = used_mib()
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(gpu_gib), str(host_gib),
-                              "1" if register else "0"], stdout=subprocess.PIPE, text=True)
+                              "1" if register else "0", "1" if release else "0"],
+                             stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "ready"
     held = used_mib()
@@ -56,7 +63,7 @@ def one(gpu_gib: float, host_gib: float, register: bool) -> dict[str, float | bo
     while used_mib() > baseline + 512:
         time.sleep(0.02)
     freed = time.perf_counter()
-    return {"gpu_gib": gpu_gib, "host_gib": host_gib, "registered": register,
+    return {"gpu_gib": gpu_gib, "host_gib": host_gib, "registered": register, "released": release,
             "held_mib": held - baseline, "exit_seconds": round(exited - killed, 3),
             "gpu_freed_seconds": round(freed - killed, 3)}
 
@@ -67,10 +74,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     rows = []
-    for gpu_gib, host_gib, register in ((30, 11.3, True), (30, 11.3, False), (30, 0, False),
-                                        (1, 11.3, True)):
+    for gpu_gib, host_gib, register, release in ((30, 11.3, True, False), (30, 11.3, False, False),
+                                                 (30, 11.3, False, True), (30, 0, False, False)):
         for _ in range(args.repeats):
-            row = one(gpu_gib, host_gib, register)
+            row = one(gpu_gib, host_gib, register, release)
             print("[killexit]", row, flush=True)
             rows.append(row)
     with open(args.out, "w") as f:

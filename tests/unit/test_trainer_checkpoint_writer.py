@@ -155,3 +155,62 @@ def test_direct_io_writes_the_aligned_data_past_the_cache_and_the_same_bytes(
         assert written[True][1] == 8 << 20
     else:
         assert written[True][1] == 0
+
+
+_RELEASE_CHILD = """
+import hashlib, json, sys, torch
+from rtj_trainer import checkpoint as ck
+from rtj_trainer.checkpoint.staging import plan_layout
+
+def mapped_kib(address):
+    # Rss of this process's mapping that holds `address` (/proc/self/smaps)
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            low, high = (int(x, 16) for x in head.split("-"))
+            inside = low <= address < high
+        elif inside and head == "Rss:":
+            return int(line.split()[1])
+    raise SystemExit("no mapping holds the blob")
+
+out, snapshot_dir, n = sys.argv[1], sys.argv[2], 24 << 20
+blob = torch.empty(n, dtype=torch.uint8).share_memory_()
+blob.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)))
+before = hashlib.sha256(blob.numpy().tobytes()).hexdigest()
+layout, _ = plan_layout([blob])
+rows = {"touched_kib": mapped_kib(blob.data_ptr())}
+ck.write_shard(out + "/shard.bin", out + "/rec.json", {"t": ck.TensorSlot(0)}, layout, blob, 0,
+               True, 0.0, chunk_bytes=4 << 20, threads=3, local_copy=(snapshot_dir, 5, "a0-l0-i0-1"))
+rows["after_write_kib"] = mapped_kib(blob.data_ptr())
+blob[:4096].fill_(1)  # touched again: the next write releases it again
+ck.writer.write_snapshot(snapshot_dir, 6, "a0-l0-i0-1", {"t": ck.TensorSlot(0)}, layout, blob, True)
+rows["after_snapshot_kib"] = mapped_kib(blob.data_ptr())
+rows["written_again"] = hashlib.sha256(blob.numpy().tobytes()).hexdigest() != before
+blob.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)))
+rows["same_after_release"] = hashlib.sha256(blob.numpy().tobytes()).hexdigest() == before
+rows["shard_tail"] = hashlib.sha256(open(out + "/shard.bin", "rb").read()[-n:]).hexdigest() == before
+print(json.dumps(rows))
+"""
+
+
+def test_the_writer_process_keeps_no_map_of_the_shared_staging_buffer_it_wrote(
+        tmp_path: Path) -> None:
+    """In the writer process (`in_worker`), each written slice of a shared staging buffer is
+    released from the process's page tables (madvise DONTNEED), so a SIGKILLed trainer's writer
+    exits without tearing down a map of GBs (issue #32's SIGKILL restart); the buffer's bytes are
+    untouched (shared memory: the trainer's map and the data stay) and the shard is whole."""
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", _RELEASE_CHILD, str(tmp_path),
+                            str(tmp_path / "local")], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    rows = json.loads(child.stdout.strip().splitlines()[-1])
+    assert rows["touched_kib"] >= 24 << 10  # all 24 MiB mapped before the write
+    assert rows["after_write_kib"] <= 8  # a page's rounding at most
+    assert rows["after_snapshot_kib"] <= 8
+    assert rows["written_again"] and rows["same_after_release"] and rows["shard_tail"]
+    shard = ck.ShardRecord.from_json(json.loads((tmp_path / "rec.json").read_text()))
+    from rtj_trainer.checkpoint import format as shard_format
+    assert shard_format.checksum_problems(tmp_path / "shard.bin", shard) == []

@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import errno
 import hashlib
+import mmap
 import os
 import signal
 import threading
@@ -95,6 +96,43 @@ def _start_writeback_function() -> Callable[[int, int, int], object] | None:
     return lambda fd, offset, nbytes: function(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
 
 
+_MADV_DONTNEED = 4
+
+
+def _page_releaser() -> Callable[[memoryview], None] | None:
+    """madvise(MADV_DONTNEED) over the whole pages inside a buffer, for the writer process and
+    only for a staging buffer in SHARED memory (torch's `share_memory_`, received from the
+    trainer): it drops this process's page-table entries of those pages, not the pages (they
+    stay in the shared memory, the trainer's map is untouched, and reading them again maps
+    them again). Why: a process that mapped the whole 11.3 GB buffer took ~1 s to exit (its
+    page tables torn down; `bench/device/killexit.py`), and a SIGKILLed trainer's restart waits
+    for its writer's exit. Dropped slice by slice as they are written, the writer exits at once.
+    On a private mapping this would lose the data: never call it on one. None without libc."""
+    try:
+        function = ctypes.CDLL("libc.so.6", use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    function.restype = ctypes.c_int
+    page = mmap.PAGESIZE
+
+    def release(view: memoryview) -> None:
+        address = _address(view)
+        if address is None:
+            return
+        start, end = -(-address // page) * page, (address + len(view)) // page * page
+        if end > start:
+            function(start, end - start, _MADV_DONTNEED)
+
+    return release
+
+
+def _releases(blob: torch.Tensor, in_worker: bool) -> Callable[[memoryview], None] | None:
+    """The page releaser for `blob` when this is the writer process and `blob` is shared."""
+    shared = blob.is_shared()  # type: ignore[no-untyped-call]
+    return _page_releaser() if in_worker and shared else None
+
+
 DIRECT_ALIGN = 4096
 """Offsets, lengths and memory addresses of writes through O_DIRECT are multiples of this."""
 
@@ -109,11 +147,13 @@ def _address(view: memoryview) -> int | None:
 
 def _write_chunk(fd: int, data: memoryview, offset: int,
                  start_writeback: Callable[[int, int, int], object] | None,
-                 direct_fd: int | None = None, direct_bytes: list[int] | None = None) -> str:
+                 direct_fd: int | None = None, direct_bytes: list[int] | None = None,
+                 release: Callable[[memoryview], None] | None = None) -> str:
     """Hash and pwrite one chunk (slice by slice, so the write reads cache-warm bytes). With
     `direct_fd` (the file opened with O_DIRECT) each slice whose offset, length and address are
     aligned goes through it, past the page cache; the rest (the header, the last slice), or a
-    slice the filesystem refuses, through `fd`. `direct_bytes[0]` counts what went direct."""
+    slice the filesystem refuses, through `fd`. `direct_bytes[0]` counts what went direct.
+    `release` (`_page_releaser`): called with each slice once it is written."""
     digest = hashlib.sha256()
     for begin in range(0, len(data), SLICE_BYTES):
         piece = data[begin : begin + SLICE_BYTES]
@@ -137,6 +177,8 @@ def _write_chunk(fd: int, data: memoryview, offset: int,
             done += wrote
             if done % DIRECT_ALIGN:
                 target = fd  # a short direct write: the rest is not aligned any more
+        if release is not None:
+            release(piece)
     if start_writeback is not None:
         start_writeback(fd, offset, len(data))
     return digest.hexdigest()
@@ -183,6 +225,7 @@ def write_shard(
             raise OSError(errno.EIO, "injected shard write failure (fault write-error)", shard_path)
         began = time.perf_counter()
         data = _byte_view(blob)
+        release = _releases(blob, in_worker)
         header = encode_header(skeleton, layout, len(data))
         local_seconds = [0.0]
         local_thread: threading.Thread | None = None
@@ -204,10 +247,13 @@ def write_shard(
                 (data[start : start + chunk_bytes], len(header) + start)
                 for start in range(0, len(data), max(1, chunk_bytes))
             ]
-            digests, written, synced, direct_bytes = _write_file(tmp, pieces, threads, direct)
+            digests, written, synced, direct_bytes = _write_file(tmp, pieces, threads, direct,
+                                                                 release)
         finally:
             if local_thread is not None:
                 local_thread.join()  # it reads the staging buffer, which is reused after this
+            if release is not None:
+                release(data)  # what the local copy mapped again
         os.replace(tmp, shard)
         fsync_dir(shard.parent)
         total = len(header) + len(data)
@@ -253,17 +299,23 @@ def write_snapshot(
     A failed snapshot is no error: the previous copies stand, and the next one comes."""
     if in_worker:
         die_with_parent(WRITER_PROCESS_NAME)
+    release = _releases(blob, in_worker)
     try:
         data = _byte_view(blob)
         header = encode_header(skeleton, layout, len(data))
-        write_local_copy(Path(folder), step, identity, header, data, threads=threads)
+        try:
+            write_local_copy(Path(folder), step, identity, header, data, threads=threads)
+        finally:
+            if release is not None:
+                release(data)
     except Exception:
         if not in_worker:
             raise
 
 
 def _write_file(tmp: Path, pieces: list[tuple[memoryview, int]], threads: int,
-                direct: bool = False) -> tuple[list[str], float, float, int]:
+                direct: bool = False, release: Callable[[memoryview], None] | None = None
+                ) -> tuple[list[str], float, float, int]:
     """pwrite `pieces` ((bytes, offset)) into `tmp`, hashing each, with `threads` threads, then
     fsync: (digests, written at, synced at in perf_counter seconds, bytes written with O_DIRECT).
     `direct`: aligned slices go through a second descriptor opened with O_DIRECT when the
@@ -278,7 +330,8 @@ def _write_file(tmp: Path, pieces: list[tuple[memoryview, int]], threads: int,
     counted = [0]
     try:
         def write(item: tuple[memoryview, int]) -> str:
-            return _write_chunk(fd, item[0], item[1], start_writeback, direct_fd, counted)
+            return _write_chunk(fd, item[0], item[1], start_writeback, direct_fd, counted,
+                                release)
 
         if workers == 1:
             digests = [write(item) for item in pieces]
