@@ -42,7 +42,7 @@ HFSET=(--set "model.hf_path=$HF")
 [[ -n ${BOUNCE_MIB:-} ]] && HFSET+=(--set "checkpoint.snapshot_bounce_mib=$BOUNCE_MIB")
 # SAVE_DEVICE_COPY=false: saves staged in the step loop (checkpoint.save_device_copy)
 [[ -n ${SAVE_DEVICE_COPY:-} ]] && HFSET+=(--set "checkpoint.save_device_copy=$SAVE_DEVICE_COPY")
-# DIRECT_IO=true: shards written with O_DIRECT (checkpoint.direct_io)
+# DIRECT_IO=true|false: shards written with O_DIRECT or not (checkpoint.direct_io; default: on CUDA)
 [[ -n ${DIRECT_IO:-} ]] && HFSET+=(--set "checkpoint.direct_io=$DIRECT_IO")
 # KEEPER=0: no device keepers; 1 (the default since 2026-12-06, as `faultTolerance.deviceKeepers:
 # Auto` on GPU pods): they hold the snapshots' buffer (RTJ_DEVICE_KEEPER, rtj_trainer.keeper)

@@ -190,12 +190,15 @@ class CheckpointConfig(_Section):
     then waits for milliseconds instead of the device-to-host copy (~0.2 s for an 11.3 GB shard
     on an H100). When the snapshot thread is still busy, a save is staged the old way. None:
     on CUDA only (on CPU the device buffer is host memory: one more copy, nothing gained)."""
-    direct_io: bool = False
+    direct_io: bool | None = None
     """Write each shard's data to `dir` with O_DIRECT (aligned slices; the header and the last
-    slice through the page cache; where the filesystem refuses O_DIRECT, all of it as before).
-    On one H200's disk `dd` wrote 1.9 GB/s with O_DIRECT against 1.3 GB/s through the page cache
-    and fsync, and a save of 11.3 GB took 8.6 s the latter way (docs/benchmarks.md); the
-    checkpoint writer with it is not measured on a GPU machine yet, hence off by default."""
+    slice through the page cache; where the filesystem refuses O_DIRECT, all of it as before):
+    GBs of shard go to the disk once, not first into the page cache. On one H200's disk `dd`
+    wrote 1.9 GB/s with O_DIRECT against 1.3 GB/s through the page cache and fsync (a save of
+    11.3 GB took 8.6 s the latter way); the writer wrote 2 GiB in 1.28 s against 4.33 s on the
+    CI machine's disk (docs/benchmarks.md). A resume from the store on the same node then reads
+    the disk, not the cache (node-local copies and device keepers serve the fast resumes).
+    None: on CUDA only (GPU ranks' shards are GBs; CPU runs keep the page cache)."""
     snapshot_bounce_mib: int = Field(default=64, ge=1, le=4096)
     """The size of each of the two page-locked buffers (pinned once per process) a snapshot's
     copy to `local_dir` goes through (CUDA); 64 and 256 MiB copied equally fast on one H200

@@ -282,10 +282,12 @@ class Checkpointer(Snapshotting, CommitTracking, Resumable):
         )
         pending = PendingSave(step, directory, time.time(), 0.0,
                               wait_seconds=waited - began, copy_seconds=copied - waited)
-        writer: Callable[..., None] = functools.partial(write_shard, fail=fail,
-                                                        direct=self.cfg.direct_io)
+        direct = self.cfg.direct_io
+        if direct is None:
+            direct = self.device.type == "cuda"
+        writer: Callable[..., None] = functools.partial(write_shard, fail=fail, direct=direct)
         if self._local is not None and local_copy:
-            writer = functools.partial(write_shard, fail=fail, direct=self.cfg.direct_io,
+            writer = functools.partial(write_shard, fail=fail, direct=direct,
                                        local_copy=(str(self._local), step, self.identity))
         if deferred is not None:
             self._deferred = DeferredSave(pending, writer, args)
