@@ -175,21 +175,26 @@ def mapped_kib(address):
     raise SystemExit("no mapping holds the blob")
 
 out, snapshot_dir, n = sys.argv[1], sys.argv[2], 24 << 20
+def fill(blob):
+    seed = torch.Generator().manual_seed(3)
+    blob.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, generator=seed))
 blob = torch.empty(n, dtype=torch.uint8).share_memory_()
-blob.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)))
+fill(blob)
 before = hashlib.sha256(blob.numpy().tobytes()).hexdigest()
 layout, _ = plan_layout([blob])
 rows = {"touched_kib": mapped_kib(blob.data_ptr())}
 ck.write_shard(out + "/shard.bin", out + "/rec.json", {"t": ck.TensorSlot(0)}, layout, blob, 0,
-               True, 0.0, chunk_bytes=4 << 20, threads=3, local_copy=(snapshot_dir, 5, "a0-l0-i0-1"))
+               True, 0.0, chunk_bytes=4 << 20, threads=3,
+               local_copy=(snapshot_dir, 5, "a0-l0-i0-1"))
 rows["after_write_kib"] = mapped_kib(blob.data_ptr())
 blob[:4096].fill_(1)  # touched again: the next write releases it again
 ck.writer.write_snapshot(snapshot_dir, 6, "a0-l0-i0-1", {"t": ck.TensorSlot(0)}, layout, blob, True)
 rows["after_snapshot_kib"] = mapped_kib(blob.data_ptr())
 rows["written_again"] = hashlib.sha256(blob.numpy().tobytes()).hexdigest() != before
-blob.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)))
+fill(blob)
 rows["same_after_release"] = hashlib.sha256(blob.numpy().tobytes()).hexdigest() == before
-rows["shard_tail"] = hashlib.sha256(open(out + "/shard.bin", "rb").read()[-n:]).hexdigest() == before
+tail = open(out + "/shard.bin", "rb").read()[-n:]
+rows["shard_tail"] = hashlib.sha256(tail).hexdigest() == before
 print(json.dumps(rows))
 """
 

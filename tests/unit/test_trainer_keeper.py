@@ -103,8 +103,8 @@ def test_a_snapshot_is_recorded_once_whole_and_forgotten_before_the_next_copy(
     views = found[1][record.layout[0].offset:record.layout[0].offset + record.layout[0].nbytes]
     assert torch.equal(views.view(torch.float32), weights)
     # a save of another size is not staged through the buffer and leaves the record standing
-    other = taker.stage({"w": torch.ones(7), "step": 7}, lambda n: torch.empty(n, dtype=torch.uint8))
-    assert other is None
+    host = lambda n: torch.empty(n, dtype=torch.uint8)  # noqa: E731
+    assert taker.stage({"w": torch.ones(7), "step": 7}, host) is None
     record = devicecopy.read(folder)
     assert record is not None and record.step == 6
     # a save staged through the same buffer removes the record before its copy
