@@ -285,6 +285,7 @@ def test_a_snapshot_through_the_device_copy_never_waits_for_a_save_and_is_of_its
         copies = checkpointer.snapshot_copies()  # the trainer's summary reports these
         assert copies["thread_copies"] == 1
         assert 0 < copies["thread_copy_seconds_last"] == copies["thread_copy_seconds_max"]
+        assert copies["copy_launch_seconds"] > 0  # the snapshot's copy into the device buffer
         copy = next(c for c in local.local_copies(checkpointer._local) if c.step == 15)
         state = ck.read_shard(copy.path)
         assert state["step"] == 15 and torch.equal(state["w"], torch.full((1000,), 1.5))

@@ -130,7 +130,9 @@ class Trainer:
         self.stall_seconds_max = 0.0
         self.saved_step: int | None = None
         """The newest step this attempt started a checkpoint of."""
-        self.snapshots = {"taken": 0, "skipped": 0, "stall_seconds": 0.0}
+        self.snapshots = {"taken": 0, "skipped": 0, "stall_seconds": 0.0, "state_seconds": 0.0}
+        """Node-local snapshots of this attempt: taken, skipped (busy), the step loop's stall,
+        and of that the state read (`snapshot_state`)."""
         """Node-local snapshots of this attempt (`snapshot`)."""
         self._losses: IO[str] | None = None
         self._finished = False
@@ -318,7 +320,9 @@ class Trainer:
         it is collective."""
         began = time.perf_counter()
         with self.session.section("checkpoint"), self.session.atomic():
+            read = time.perf_counter()
             state = self.snapshot_state()
+            self.snapshots["state_seconds"] += time.perf_counter() - read
             taken = self.checkpointer.snapshot_ready()
             if taken:
                 self.checkpointer.snapshot(step, state)

@@ -126,11 +126,14 @@ class FlatState:
         layout, total = plan_layout(tensors)
         return cls(skeleton, tensors, layout, total)
 
-    def copy_into(self, buffer: torch.Tensor) -> None:
+    def copy_into(self, buffer: torch.Tensor, views: list[torch.Tensor] | None = None) -> None:
         """Every tensor into its place in `buffer` (of `total` bytes, on the tensors' device) in a
-        few multi-tensor launches on the current stream, not one copy per tensor (hundreds)."""
+        few multi-tensor launches on the current stream, not one copy per tensor (hundreds).
+        `views`: `tensor_views(buffer, layout)` made earlier (a caller that copies the same
+        layout again keeps them: ~3-7 ms for 650 tensors on a CPU core)."""
         if self.tensors:
-            torch._foreach_copy_(tensor_views(buffer, self.layout), self.tensors)
+            torch._foreach_copy_(views if views is not None
+                                 else tensor_views(buffer, self.layout), self.tensors)
 
 
 class HostStaging:
