@@ -8,6 +8,7 @@ checkpoint writer process now does) and times SIGKILL -> waitpid returns, and ->
 GPU memory freed (what ft_launcher's `--ft-gpu-memory-reclaim-timeout` waits for).
 
     python3 bench/device/killexit.py --out $OUT/killexit.json
+    PYTHONPATH=trainer python bench/device/killexit.py --host-only 4 --repeats 3 --out k.json  # CPU
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ CHILD = r"""
 import sys, time, torch
 gpu_gib, host_gib, register = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
 release = sys.argv[4] == "1"
-torch.cuda.init()
-blocks = [torch.empty(1 << 30, dtype=torch.uint8, device="cuda") for _ in range(int(gpu_gib))]
-torch.cuda.synchronize()
+if gpu_gib:
+    torch.cuda.init()
+    blocks = [torch.empty(1 << 30, dtype=torch.uint8, device="cuda") for _ in range(int(gpu_gib))]
+    torch.cuda.synchronize()
 if host_gib:
     host = torch.empty(int(host_gib * (1 << 30)), dtype=torch.uint8).share_memory_()
     host.fill_(1)
@@ -49,18 +51,18 @@ def used_mib() -> float:
 
 def one(gpu_gib: float, host_gib: float, register: bool,
         release: bool = False) -> dict[str, float | bool]:
-    baseline = used_mib()
+    baseline = used_mib() if gpu_gib else 0.0
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(gpu_gib), str(host_gib),
                               "1" if register else "0", "1" if release else "0"],
                              stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "ready"
-    held = used_mib()
+    held = used_mib() if gpu_gib else 0.0
     killed = time.perf_counter()
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     exited = time.perf_counter()
-    while used_mib() > baseline + 512:
+    while gpu_gib and used_mib() > baseline + 512:
         time.sleep(0.02)
     freed = time.perf_counter()
     return {"gpu_gib": gpu_gib, "host_gib": host_gib, "registered": register, "released": release,
@@ -72,10 +74,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--host-only", type=float, default=0.0, metavar="GIB",
+                        help="no GPU: a shared host buffer of GIB GiB, touched, then released or "
+                             "not (the writer process's two cases), on a machine without CUDA")
     args = parser.parse_args()
     rows = []
-    for gpu_gib, host_gib, register, release in ((30, 11.3, True, False), (30, 11.3, False, False),
-                                                 (30, 11.3, False, True), (30, 0, False, False)):
+    cases = ((30, 11.3, True, False), (30, 11.3, False, False), (30, 11.3, False, True),
+             (30, 0, False, False))
+    if args.host_only:
+        cases = ((0, args.host_only, False, False), (0, args.host_only, False, True))
+    for gpu_gib, host_gib, register, release in cases:
         for _ in range(args.repeats):
             row = one(gpu_gib, host_gib, register, release)
             print("[killexit]", row, flush=True)

@@ -179,3 +179,47 @@ def test_a_resume_from_the_keepers_buffer_keeps_nothing_the_next_snapshot_overwr
     taker.wait(30)
     assert torch.equal(loaded.state["w"], weights)
     taker.close()
+
+
+def _keeper_fd_targets(keeper_dir: Path) -> list[str]:
+    pid = json.loads((keeper_dir / "keeper-0.json").read_text())["pid"]
+    targets = []
+    for entry in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            targets.append(str(entry.readlink()))
+        except OSError:  # closed meanwhile
+            continue
+    return targets
+
+
+_STAGING_CHILD = """
+import os, signal, torch
+from rtj_trainer.checkpoint.staging import HostStaging
+staging = HostStaging()
+buffer = staging.ensure(64 << 20, torch.device("cpu"))
+buffer.fill_(5)
+fd, _ = buffer.untyped_storage()._share_fd_cpu_()
+print(os.readlink(f"/proc/self/fd/{fd}"), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_keeper_holds_a_killed_workers_staging_buffer_until_the_next_one(
+        keeper_dir: Path) -> None:
+    """With a keeper, the staging buffer (shared memory) is held by the keeper too: a SIGKILLed
+    worker's exit (and its writer's) then only unmaps it, and its pages are freed in the keeper
+    once the next worker hands over its own buffer, off the restart's critical path."""
+    names = []
+    for _ in range(2):
+        child = subprocess.run([sys.executable, "-c", _STAGING_CHILD], capture_output=True,
+                               text=True, timeout=60)
+        assert child.returncode == -signal.SIGKILL, child.stderr
+        names.append(child.stdout.strip())
+        status = json.loads((keeper_dir / "keeper-0.json").read_text())
+        assert status["host_held_bytes"] == 64 << 20
+        assert names[-1] in _keeper_fd_targets(keeper_dir)  # the dead worker's buffer, held
+    assert names[0] != names[1]
+    deadline = time.monotonic() + 10
+    while names[0] in _keeper_fd_targets(keeper_dir):  # closed by the keeper's thread
+        assert time.monotonic() < deadline, "the keeper still holds the first buffer"
+        time.sleep(0.05)

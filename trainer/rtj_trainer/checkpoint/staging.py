@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from ..keeper import client as keeper
+
 log = logging.getLogger(__name__)
 
 _ALIGN = 64
@@ -163,6 +165,7 @@ class HostStaging:
                     result, self._registered = exc, False
                 if not self._registered:
                     log.warning("cudaHostRegister failed (%s): staging copies are pageable", result)
+            keeper.hold_host(self.buffer)  # with a device keeper: it frees the pages, not a kill
         return self.buffer
 
     @classmethod

@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import sys
+import threading
 from typing import Any
 
 from ..files import write_json_atomic
@@ -41,6 +42,10 @@ class Keeper:
         self.device = ""
         self.generation = ""
         self.allocations = 0
+        self.held_host: int | None = None
+        """The worker's staging buffer (its shared-memory file), held (`hold`) so that a killed
+        worker's and its writer's exits do not free its pages on a restart's critical path."""
+        self.held_host_bytes = 0
         self._write_status()
 
     def _write_status(self) -> None:
@@ -50,7 +55,8 @@ class Keeper:
             "pid": os.getpid(), "cuda": self.cuda, "device": self.device,
             "buffer_bytes": self.nbytes,
             "cuda_buffer_bytes": self.nbytes if self.device.startswith("cuda") else 0,
-            "generation": self.generation, "allocations": self.allocations})
+            "generation": self.generation, "allocations": self.allocations,
+            "host_held_bytes": self.held_host_bytes})
 
     def _release(self) -> None:
         self.buffer = None
@@ -91,7 +97,25 @@ class Keeper:
         self._write_status()
         return None
 
-    def answer(self, request: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+    def hold(self, fds: list[int], nbytes: int) -> dict[str, Any]:
+        """Hold the worker's staging buffer (`fds[0]`) instead of the one held before, whose
+        pages (GBs) are freed by a thread here, off every restart's critical path."""
+        if not fds:
+            return {"error": "a hold request came without its buffer"}
+        previous, self.held_host, self.held_host_bytes = self.held_host, fds[0], nbytes
+        for extra in fds[1:]:
+            os.close(extra)
+        if previous is not None:
+            threading.Thread(target=os.close, args=(previous,), name="rtj-keeper-free",
+                             daemon=True).start()
+        self._write_status()
+        return {"held": nbytes}
+
+    def answer(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
+        if request.get("op") == "hold":
+            return self.hold(fds, int(request.get("nbytes", 0))), []
+        for fd in fds:
+            os.close(fd)
         if request.get("op") != "lease":
             return {"error": f"unknown request {request.get('op')!r}"}, []
         nbytes, device = int(request["nbytes"]), str(request["device"])
@@ -116,8 +140,10 @@ class Keeper:
             with conn:
                 try:
                     conn.settimeout(30.0)
-                    request = json.loads(conn.recv(1 << 16) or b"{}")
-                    reply, fds = self.answer(request if isinstance(request, dict) else {})
+                    data, received, _flags, _addr = socket.recv_fds(conn, 1 << 16, 4)
+                    request = json.loads(data or b"{}")
+                    reply, fds = self.answer(request if isinstance(request, dict) else {},
+                                             list(received))
                 except Exception as exc:  # one bad request never ends the keeper
                     reply, fds = {"error": repr(exc)}, []
                 with contextlib.suppress(OSError):

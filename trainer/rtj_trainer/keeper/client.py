@@ -75,11 +75,38 @@ def lease(nbytes: int, device: torch.device, *, allocate: bool,
                 os.close(fd)
 
 
-def _ask(path: str, request: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+def hold_host(buffer: torch.Tensor) -> bool:
+    """Have this local rank's keeper hold `buffer` (the staging buffer: CPU, in shared memory)
+    too, until the next worker hands over its own: then a SIGKILLed worker's and its writer's
+    exits only unmap it, and its pages (GBs: ~0.7 s to free 11.3 GB) are freed in the keeper,
+    off the restart's critical path. False: no keeper, or it did not take it (logged)."""
+    directory = os.environ.get(DIR_ENV)
+    if not directory or buffer.device.type != "cpu":
+        return False
+    local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    try:
+        fd, size = buffer.untyped_storage()._share_fd_cpu_()  # type: ignore[attr-defined]
+        reply, fds = _ask(socket_path(directory, local_rank), {"op": "hold", "nbytes": int(size)},
+                          [int(fd)])
+    except (OSError, RuntimeError, ValueError) as exc:
+        log.warning("the device keeper of local rank %d does not hold the staging buffer: %s",
+                    local_rank, exc)
+        return False
+    for extra in fds:
+        os.close(extra)
+    if "error" in reply:
+        log.warning("the device keeper of local rank %d refused the staging buffer: %s",
+                    local_rank, reply["error"])
+        return False
+    return True
+
+
+def _ask(path: str, request: dict[str, Any],
+         send: list[int] | None = None) -> tuple[dict[str, Any], list[int]]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
         sock.settimeout(REQUEST_TIMEOUT_SECONDS)
         sock.connect(path)
-        sock.sendall(json.dumps(request).encode())
+        socket.send_fds(sock, [json.dumps(request).encode()], send or [])
         data, fds, _flags, _addr = socket.recv_fds(sock, MESSAGE_BYTES, 1)
     if not data:
         raise ConnectionError("the keeper closed the connection without a reply")
