@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,6 +20,7 @@ from nvidia_resiliency_ext.fault_tolerance.rank_monitor_state_machine import (
     RankMonitorState,
     RankMonitorStateMachine,
 )
+from rtj_trainer.nvrx import launcher as nvrx_launcher
 from rtj_trainer.nvrx.launcher import reset_aborted_rank_monitors
 
 pytestmark = pytest.mark.unit
@@ -282,3 +288,46 @@ def test_the_wait_for_the_next_rendezvous_round_polls_five_times_a_second(
     ft_rendezvous_barrier.time.sleep(0.1)
     assert slept == [ftlaunch.RENDEZVOUS_ROUND_POLL_SECONDS, 0.1] == [0.2, 0.1]
     assert ft_rendezvous_barrier.time.monotonic is time.monotonic
+
+
+def _group(ignore_sigterm: bool) -> subprocess.Popen[bytes]:
+    """A process in a process group of its own (as ft_launcher starts a worker)."""
+    code = ("import signal, time\n"
+            + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_sigterm else "")
+            + "print('ready', flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
+                            stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    proc.stdout.close()
+    return proc
+
+
+def test_leftover_worker_groups_are_waited_for_only_while_they_exist(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Patch 10: NVRx's stop of the workers' process groups slept a fixed 1 s between SIGTERM
+    and SIGKILL even with the groups empty (1.01 s of every SIGKILL restart); ours does not wait
+    for a group that is gone, lets one that ends on SIGTERM end, and SIGKILLs one that stays."""
+    sleeps: list[float] = []
+    real_sleep = time.sleep
+    monkeypatch.setattr(nvrx_launcher.time, "sleep",
+                        lambda seconds: (sleeps.append(seconds), real_sleep(seconds)))
+    gone = _group(ignore_sigterm=False)
+    gone.kill()
+    gone.wait()
+    nvrx_launcher.terminate_leftover_groups([gone.pid])
+    assert sleeps == []  # nothing left: no wait at all
+    zombie = _group(ignore_sigterm=False)  # dead, not reaped yet (as under a slow PID 1)
+    zombie.kill()
+    stat = Path(f"/proc/{zombie.pid}/stat")
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)
+    sleeps.clear()
+    nvrx_launcher.terminate_leftover_groups([zombie.pid])
+    assert sleeps == []  # a zombie holds nothing: no wait either
+    zombie.wait()
+
+    polite, stubborn = _group(ignore_sigterm=False), _group(ignore_sigterm=True)
+    nvrx_launcher.terminate_leftover_groups([polite.pid, stubborn.pid], grace=0.5)
+    assert polite.wait(10) == -signal.SIGTERM
+    assert stubborn.wait(10) == -signal.SIGKILL
+    assert sum(sleeps) < 0.5 + 0.1  # the polls add up to the grace, not more
