@@ -395,9 +395,9 @@ class Resiliency:
             # The abort steps run in NVRx's monitor thread, before it aborts NCCL and destroys
             # the process groups: leave the rank monitor, then cut gloo's connections (a no-op
             # on NCCL; rtj_trainer.gloocut).
-            return inprocess.run(settings, attempt,
-                                 before_abort=(_mark("restart_abort"), self.pause_rank_monitor,
-                                               self._cut_gloo, _mark("restart_ours_aborted")),
+            steps = (timeline.marker("restart_abort"), self.pause_rank_monitor, self._cut_gloo,
+                     timeline.marker("restart_ours_aborted"))
+            return inprocess.run(settings, attempt, before_abort=steps,
                                  finalize=self._finish_interrupted_closes,
                                  on_enter=listener.enter if listener is not None else None,
                                  fatal=(FatalError,))
@@ -494,8 +494,3 @@ class StartupAllowance:
             with contextlib.suppress(Exception):
                 self._wrapper.hang_protection(True)
             return True
-
-
-def _mark(name: str) -> Callable[[], None]:
-    """An in-process restart's step that only marks the timeline (`timeline.RESTART_MARKS`)."""
-    return lambda: timeline.mark(name)

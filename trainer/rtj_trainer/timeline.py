@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 
 PROCESS_MARKS = ("process_start", "attached", "main", "imports")
 """`attached`: a warm worker took over this worker (rtj_trainer.warm.worker); `process_start` is
@@ -51,6 +52,11 @@ def process_start_time(pid: int | None = None) -> float | None:
 def mark(name: str, at: float | None = None) -> None:
     """Record that this process passed `name` now (or at `at`)."""
     _marks[name] = time.time() if at is None else at
+
+
+def marker(name: str) -> Callable[[], None]:
+    """A callable that marks `name` when called (an in-process restart's step)."""
+    return lambda: mark(name)
 
 
 def begin_attempt() -> None:

@@ -131,9 +131,7 @@ class Trainer:
         self.saved_step: int | None = None
         """The newest step this attempt started a checkpoint of."""
         self.snapshots = {"taken": 0, "skipped": 0, "stall_seconds": 0.0, "state_seconds": 0.0}
-        """Node-local snapshots of this attempt: taken, skipped (busy), the step loop's stall,
-        and of that the state read (`snapshot_state`)."""
-        """Node-local snapshots of this attempt (`snapshot`)."""
+        """Node-local snapshots of this attempt (`snapshot`); `state_seconds`: of the stall."""
         self._losses: IO[str] | None = None
         self._finished = False
         """`finish` ran: every checkpoint is committed and the node-local copies can go."""
@@ -320,13 +318,11 @@ class Trainer:
         it is collective."""
         began = time.perf_counter()
         with self.session.section("checkpoint"), self.session.atomic():
-            read = time.perf_counter()
             state = self.snapshot_state()
-            self.snapshots["state_seconds"] += time.perf_counter() - read
+            self.snapshots["state_seconds"] += time.perf_counter() - began  # section + state
             taken = self.checkpointer.snapshot_ready()
             if taken:
                 self.checkpointer.snapshot(step, state)
-            del state
         self.snapshots["taken" if taken else "skipped"] += 1
         self.snapshots["stall_seconds"] += time.perf_counter() - began
 

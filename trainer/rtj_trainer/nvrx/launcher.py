@@ -43,7 +43,7 @@ The patches, in short (NVRx 0.7.0 behaviour → what we need → cost measured):
    are stopped, ft_launcher SIGTERMs the workers' process groups, sleeps a fixed 1 s, then
    SIGKILLs them, even when no process of those groups is left: 1.01 s of every SIGKILL restart
    (`failure_detected` to `worker_terminated`, measured on an H100 and an H200) → wait only while
-   a group still has a live process, at most the same 1 s (`ORPHAN_GRACE_SECONDS`); zombies (a
+   a group still has a live process, at most the same 1 s (rtj_trainer.nvrx.restart); zombies (a
    dead worker's writer and resource tracker, reparented to a PID 1 that reaps slowly) do not
    count.
 
@@ -70,6 +70,7 @@ from rtj_wire.pod import PEER_STOPPED_EXIT_CODE
 
 from . import monitorstate
 from .guards import Patch, Target, replace
+from .restart import _allow_keepers_in_reclaim, terminate_leftover_groups
 
 PEER_STOP_WAIT_SECONDS = 30.0
 """How long a launcher lets its other workers finish a stop after the first one exited 95."""
@@ -80,9 +81,6 @@ RENDEZVOUS_ROUND_POLL_SECONDS = 0.2
 (NVRx 0.7.0: a hard-coded 1 s, a whole second on every launcher restart, measured 1.01 s on an
 H200). Only launchers waiting for a round poll: at 1,000 nodes a few thousand small store reads a
 second, for about a second."""
-ORPHAN_GRACE_SECONDS = 1.0
-"""How long leftover processes of the workers' groups get between SIGTERM and SIGKILL (NVRx's
-fixed sleep, now an upper bound: the wait ends when the groups are empty)."""
 PEER_STOP_ROUND_KEY = "rtj_peer_stop_round_"
 """Suffix (after the rendezvous barrier's key prefix) of the store keys that mark the rounds
 opened for a peer's stop."""
@@ -190,79 +188,6 @@ def poll_rendezvous_rounds_faster() -> None:
 
     if not isinstance(ft_rendezvous_barrier.time, _RoundPollTime):
         ft_rendezvous_barrier.time = _RoundPollTime()  # type: ignore[assignment]
-
-
-def _allow_keepers_in_reclaim(agent: Any, keeper_mb: Callable[[], float]) -> None:
-    """Patch 9: the reclaim wait's tolerance grows by what the keepers hold, for that wait."""
-    original = agent._wait_for_gpu_memory_reclaim
-
-    def _wait_for_gpu_memory_reclaim(self: Any, num_gpus: int) -> None:
-        held = keeper_mb()
-        config = self._ft_cfg
-        base = config.gpu_memory_tolerance_mb
-        config.gpu_memory_tolerance_mb = base + held
-        try:
-            original(self, num_gpus)
-        finally:
-            config.gpu_memory_tolerance_mb = base
-
-    replace(agent, "_wait_for_gpu_memory_reclaim", _wait_for_gpu_memory_reclaim)
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether process group `pgid` has a process that is not a zombie. The workers' children
-    (the checkpoint writer, multiprocessing's resource tracker) are reparented to the
-    container's PID 1 when the worker dies, and a PID 1 that reaps slowly leaves them zombies
-    for seconds: `killpg(pgid, 0)` counts those, although they hold nothing any more."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, owned by someone else
-        return True
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return True
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            return True
-    return False
-
-
-def terminate_leftover_groups(allowed_pgids: Collection[int],
-                              grace: float = ORPHAN_GRACE_SECONDS) -> None:
-    """Patch 10: NVRx's `terminate_mp_processes` (SIGTERM the workers' process groups, SIGKILL
-    what is left) without its fixed 1 s sleep: the wait between the two ends as soon as no group
-    has a process left, after `grace` seconds at most. Best effort, as NVRx's."""
-    if 1 in allowed_pgids:  # NVRx's own exception (its simulated multi-node tests)
-        return
-    live = []
-    for pgid in allowed_pgids:
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-            live.append(pgid)
-        except ProcessLookupError:
-            continue
-        except OSError:
-            log.warning("could not SIGTERM process group %s", pgid, exc_info=True)
-    deadline = time.monotonic() + grace
-    while (live := [pgid for pgid in live if _group_alive(pgid)]) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    for pgid in live:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-        except OSError:
-            log.warning("could not SIGKILL process group %s", pgid, exc_info=True)
 
 
 def peer_stop_under_way(exit_codes: Sequence[int | None]) -> bool:
