@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,61 @@ def test_local_ranks_start_their_search_at_different_warm_workers(tmp_path: Path
     assert warmwire.warm_sockets(str(tmp_path / "gone")) == []
 
 
+def test_a_client_tries_the_warm_workers_meant_for_its_local_rank_first(tmp_path: Path) -> None:
+    for pid, rank in ((30, 1), (100, 0), (7, 1), (12, None), (50, 2)):
+        Path(warmwire.warm_socket_path(str(tmp_path), pid, rank)).touch()
+    assert Path(warmwire.warm_socket_path(str(tmp_path), 7, 1)).name == "warm-7.1.sock"
+    names = {rank: [Path(p).name for p in warmwire.warm_sockets(str(tmp_path), rank)]
+             for rank in (0, 1, 3)}
+    assert names[1][:2] == ["warm-7.1.sock", "warm-30.1.sock"]  # its own, then the rest
+    assert sorted(names[1][2:]) == ["warm-100.0.sock", "warm-12.sock", "warm-50.2.sock"]
+    assert names[0][0] == "warm-100.0.sock"
+    assert sorted(names[3]) == sorted(names[0])  # none of its own: every one, still tried
+    assert len(names[3]) == 5
+
+
+FAKE_WARM_WORKER = """
+import os, sys, time
+fd = int(sys.argv[sys.argv.index("-m") + 2].split("=")[1])
+rank = sys.argv[sys.argv.index("-m") + 3].split("=")[1]
+log = os.environ["FAKE_LOG"]
+first = not os.path.exists(log + ".taken")
+with open(log, "a") as handle:
+    handle.write(rank + "\\n")
+if rank == "1" and first:  # taken at once, as if a client attached: the pool replaces it
+    open(log + ".taken", "w").close()
+    os.write(fd, b"RT")
+    os.close(fd)
+    time.sleep(0.2)
+    sys.exit(0)
+os.write(fd, b"R")
+time.sleep(60)
+"""
+
+
+def test_the_pool_replaces_a_taken_warm_worker_with_one_for_the_same_local_rank(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = tmp_path / "fake.py"
+    script.write_text(FAKE_WARM_WORKER)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    python.chmod(0o755)
+    log = tmp_path / "ranks.log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    pool = warmpool.WarmPool(str(python), 3)
+    pool.start()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (
+                not log.exists() or len(log.read_text().split()) < 4 or pool.taken < 1):
+            time.sleep(0.05)
+        time.sleep(0.5)  # nothing more may come
+        assert sorted(log.read_text().split()) == ["0", "1", "1", "2"]
+        assert pool.taken == 1 and pool.started == 4
+    finally:
+        pool.close()
+
+
 @pytest.mark.parametrize(("args", "size"), [
     (["--nproc-per-node=8"], 8), (["--nproc_per_node", "4"], 4), (["--nproc-per-node=gpu"], 1),
     ([], 1),
@@ -221,3 +277,33 @@ def test_a_hugging_face_models_modules_are_imported_by_the_warm_workers(tmp_path
 
     for name in expected:  # each one exists
         importlib.import_module(name)
+
+
+def test_the_device_warm_up_switch_is_on_unless_zero_and_anything_else_names_it() -> None:
+    from rtj_trainer.warm import device
+
+    assert device.switched_on({}) and device.switched_on({"RTJ_WARM_DEVICE": "1"})
+    assert not device.switched_on({"RTJ_WARM_DEVICE": "0"})
+    with pytest.raises(SystemExit, match="RTJ_WARM_DEVICE='on'"):
+        device.switched_on({"RTJ_WARM_DEVICE": "on"})
+
+
+def test_without_a_device_the_warm_up_does_nothing_and_says_why() -> None:
+    import torch
+    from rtj_trainer.warm import device, worker
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: tests/gpu covers the warm-up there")
+    assert device.warm_up(0) == {"skipped": "no CUDA device"}
+    assert worker.warm_device(0) == ""  # nothing added to the attach line
+    assert worker.warm_device(None) == ""  # not meant for a local rank: not even tried
+
+
+def test_the_restarts_reclaim_wait_allows_for_the_warm_workers_contexts(tmp_path: Path) -> None:
+    from rtj_trainer import keeper
+    from rtj_trainer.launcher import shim
+
+    (tmp_path / "keeper-0.json").write_text('{"cuda": true, "cuda_buffer_bytes": 1073741824}')
+    assert shim.held_on_device(str(tmp_path), False)() == 1024 + keeper.CONTEXT_ALLOWANCE_MB
+    assert shim.held_on_device(str(tmp_path), True)() == 1024 + 2 * keeper.CONTEXT_ALLOWANCE_MB
+    assert shim.held_on_device(None, True)() == keeper.CONTEXT_ALLOWANCE_MB

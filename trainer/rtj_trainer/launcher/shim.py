@@ -100,7 +100,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,6 +109,7 @@ from rtj_wire import env as wire_env
 from .. import keeper, stop, termination
 from ..nvrx import launcher as nvrx_launcher
 from ..nvrx import monitorstate
+from ..warm import device as warm_device
 from ..warm import wire as warmwire
 from . import podmetrics, verdicts, warmpool
 
@@ -257,6 +258,15 @@ def pod_local_directory(env: MutableMapping[str, str], name: str, purpose: str) 
     return directory
 
 
+def held_on_device(keepers: str | None, warm_contexts: bool) -> Callable[[], float]:
+    """What ft_launcher's restart may find still held on each GPU (MiB) besides a dead worker's
+    memory: the device keeper's buffer and context, and the CUDA context of the warm worker
+    meant for that rank (rtj_trainer.warm.device), which a replacement creates while the
+    restart waits."""
+    context = float(keeper.CONTEXT_ALLOWANCE_MB) if warm_contexts else 0.0
+    return lambda: (keeper.held_mb(keepers) if keepers is not None else 0.0) + context
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     options, rest = split_argv(sys.argv[1:] if argv is None else argv)
     if (timeout := term_timeout(rest)) is not None:
@@ -265,7 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     stoppable = pod_local_directory(os.environ, wire_env.STOP_SIGNAL_DIR, "stop")
     pod = podmetrics.start_from_environment(os.environ, rest, verdict_book(os.environ),
                                             monitor_dir=monitors)
-    rest = start_warm_workers(rest)  # first: their imports overlap the launcher's own
+    warm = start_warm_workers(rest)  # first: their imports overlap the launcher's own
+    warm_contexts = warm is not rest and warm_device.switched_on(os.environ)
+    rest = warm
     keepers = start_device_keepers(rest)
     nvrx_launcher.install(
         non_retryable=options.non_retryable,
@@ -274,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stoppable=lambda: stop.registered_local_ranks(stoppable),
         on_finished=pod.mark_finished if pod is not None else None,
         on_non_retryable=record_termination,
-        keeper_mb=(lambda: keeper.held_mb(keepers)) if keepers is not None else None,
+        keeper_mb=held_on_device(keepers, warm_contexts) if keepers or warm_contexts else None,
     )
     nvrx_launcher.run(rest)  # exits with ft_launcher's own exit code
     return 0

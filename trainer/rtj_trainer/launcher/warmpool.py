@@ -5,16 +5,19 @@ seconds importing torch, torch._dynamo, torch.distributed and NVRx before its fi
 training code (5.6 s of a 15.8 s SIGKILL recovery on two H200s, docs/benchmarks.md). The pool
 keeps `size` processes (rtj_trainer.warm.worker) that did those imports ahead of time, and the
 worker command becomes a small attach client (rtj_trainer.warm.attach) that hands its worker over to
-one of them; a client that finds none ready runs the normal path at once.
+one of them; a client that finds none ready runs the normal path at once. Each warm worker is meant
+for one local rank (one per rank, `--local-rank`): on a GPU it also creates its CUDA context on
+that rank's device and does the libraries' first-use work (rtj_trainer.warm.device), and a client
+tries the ones meant for its `LOCAL_RANK` first.
 
-One thread (`WarmPool.run`) owns the processes: it starts `size` of them, and another each time
-one is taken (a warm worker writes `T` on its status pipe when a client connected), so the next
-restart finds warm processes again. A warm worker that dies before it was ready counts as a
-failure; after `MAX_FAILED_STARTS` in a row the pool stops starting them (clients then run the
-normal path). The warm workers are started from that thread, which lives as long as the shim:
-their PR_SET_PDEATHSIG (set while idle) fires when the thread that started them ends. They lead
-their own sessions, like torchelastic's workers: a signal to the launcher's process group (a pod
-ending under the test harness) does not reach them; idle ones die with the launcher.
+One thread (`WarmPool.run`) owns the processes: it starts `size` of them, and another for the same
+local rank each time one is taken (a warm worker writes `T` on its status pipe when a client
+connected), so the next restart finds warm processes again. A warm worker that dies before it was
+ready counts as a failure; after `MAX_FAILED_STARTS` in a row the pool stops starting them (clients
+then run the normal path). The warm workers are started from that thread, which lives as long as
+the shim: their PR_SET_PDEATHSIG (set while idle) fires when the thread that started them ends.
+They lead their own sessions, like torchelastic's workers: a signal to the launcher's process group
+(a pod ending under the test harness) does not reach them; idle ones die with the launcher.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ log = logging.getLogger("rtj_trainer.launcher")
 class _Warm:
     process: subprocess.Popen[bytes]
     status_fd: int
+    local_rank: int
     ready: bool = False
     taken: bool = False
 
@@ -65,7 +69,7 @@ class WarmPool:
     def start(self) -> None:
         self._thread.start()
 
-    def _spawn(self) -> None:
+    def _spawn(self, local_rank: int) -> None:
         read_fd, write_fd = os.pipe()
         env = dict(os.environ)
         env[warmwire.POOL_DIR_ENV] = self.directory
@@ -73,7 +77,8 @@ class WarmPool:
             env[warmwire.PRELOAD_ENV] = ",".join(self.preload)
         try:
             process = subprocess.Popen(
-                [self.python, "-m", "rtj_trainer.warm.worker", f"--status-fd={write_fd}"],
+                [self.python, "-m", "rtj_trainer.warm.worker", f"--status-fd={write_fd}",
+                 f"--local-rank={local_rank}"],
                 env=env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
@@ -85,15 +90,16 @@ class WarmPool:
             return
         os.close(write_fd)
         self.started += 1
-        self._warm[read_fd] = _Warm(process, read_fd)
+        self._warm[read_fd] = _Warm(process, read_fd, local_rank)
         self._selector.register(read_fd, selectors.EVENT_READ)
 
-    def _wanted(self) -> int:
-        """Warm workers to start now: the pool is short of `size` idle or starting ones."""
+    def _wanted(self) -> list[int]:
+        """The local ranks to start a warm worker for now: each of the `size` ranks has one idle
+        or starting warm worker meant for it (rtj_trainer.warm.device warms its device)."""
         if self._failed_in_a_row >= MAX_FAILED_STARTS or self._stopping.is_set():
-            return 0
-        idle = sum(1 for warm in self._warm.values() if not warm.taken)
-        return max(0, self.size - idle)
+            return []
+        covered = {warm.local_rank for warm in self._warm.values() if not warm.taken}
+        return [rank for rank in range(self.size) if rank not in covered]
 
     def _on_status(self, fd: int) -> None:
         warm = self._warm[fd]
@@ -124,8 +130,8 @@ class WarmPool:
 
     def run(self) -> None:
         while not self._stopping.is_set():
-            for _ in range(self._wanted()):
-                self._spawn()
+            for rank in self._wanted():
+                self._spawn(rank)
             for key, _events in self._selector.select(timeout=0.5):
                 self._on_status(int(key.fd))
 

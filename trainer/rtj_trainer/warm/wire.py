@@ -54,14 +54,16 @@ checkpoint writer: rtj_trainer.stop); passed on to the warm worker's pid only.""
 
 STARTUP_ENV_PREFIXES = ("PYTHON", "LD_", "MALLOC_", "TORCHDYNAMO_", "TORCH_COMPILE",
                         "TORCH_LOGS", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES",
-                        "CUDA_VISIBLE_DEVICES")
+                        "CUDA_", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 """Variables read when the interpreter starts or torch is imported, i.e. before a warm worker
-learns the worker's environment. A worker whose values differ from the warm worker's is refused
-and runs the normal path. CUDA_VISIBLE_DEVICES is read when the CUDA driver starts, which no
-import does, but a launcher that gives each worker its own is refused too (a safe side: ours
-does not). OMP_NUM_THREADS is applied at attach instead; TORCHINDUCTOR_* are read
-by torch.compile's config at import, but the trainer compiles nothing (and torch itself sets
-TORCHINDUCTOR_CACHE_DIR in a process's environment at run time, so it always differs)."""
+learns the worker's environment, and those read when CUDA starts and the caching allocator is
+made, which a warm worker meant for a local rank does before attach (rtj_trainer.warm.device):
+CUDA_VISIBLE_DEVICES, CUDA_MODULE_LOADING, CUDA_DEVICE_MAX_CONNECTIONS, ... A worker whose values
+differ from the ones the warm worker was started with is refused and runs the normal path (a
+launcher that gives each worker its own CUDA_VISIBLE_DEVICES is refused too: ours does not).
+OMP_NUM_THREADS is applied at attach instead; TORCHINDUCTOR_* are read by torch.compile's config
+at import, but the trainer compiles nothing (and torch itself sets TORCHINDUCTOR_CACHE_DIR in a
+process's environment at run time, so it always differs)."""
 
 
 class WireError(Exception):
@@ -225,26 +227,33 @@ def ending(exit_message: Mapping[str, Any] | None, forwarded: int | None) -> End
 
 
 def warm_sockets(pool_dir: str, local_rank: int = 0) -> list[str]:
-    """Paths of the warm workers listening now, in pid order rotated to start at `local_rank`
-    (modulo their number)."""
+    """Paths of the warm workers listening now: first those meant for `local_rank` (their
+    device warmed for it, rtj_trainer.warm.device), then the others in pid order rotated to
+    start at `local_rank` (modulo their number), so that ranks start their search apart."""
     try:
         names = os.listdir(pool_dir)
     except OSError:
         return []
     found = sorted((n for n in names if n.startswith(SOCKET_PREFIX) and n.endswith(SOCKET_SUFFIX)),
-                   key=_pid_of)
+                   key=lambda n: _parse(n)[0])
     if not found:
         return []
+    own = [n for n in found if _parse(n)[1] == local_rank]
     start = local_rank % len(found)
-    return [os.path.join(pool_dir, n) for n in found[start:] + found[:start]]
+    others = [n for n in found[start:] + found[:start] if n not in own]
+    return [os.path.join(pool_dir, n) for n in own + others]
 
 
-def _pid_of(name: str) -> int:
+def _parse(name: str) -> tuple[int, int | None]:
+    """(pid, local rank or None) of `warm-<pid>[.<rank>].sock`; pid 0 when unreadable."""
+    pid, _, rank = name[len(SOCKET_PREFIX):-len(SOCKET_SUFFIX)].partition(".")
     try:
-        return int(name[len(SOCKET_PREFIX):-len(SOCKET_SUFFIX)])
+        return int(pid), (int(rank) if rank else None)
     except ValueError:
-        return 0
+        return 0, None
 
 
-def warm_socket_path(pool_dir: str, pid: int) -> str:
-    return os.path.join(pool_dir, f"{SOCKET_PREFIX}{pid}{SOCKET_SUFFIX}")
+def warm_socket_path(pool_dir: str, pid: int, local_rank: int | None = None) -> str:
+    """`warm-<pid>.sock`, or `warm-<pid>.<rank>.sock` for a warm worker meant for a local rank."""
+    rank = "" if local_rank is None else f".{local_rank}"
+    return os.path.join(pool_dir, f"{SOCKET_PREFIX}{pid}{rank}{SOCKET_SUFFIX}")

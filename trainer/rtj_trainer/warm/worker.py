@@ -74,11 +74,11 @@ def preimport() -> None:
               file=sys.stderr, flush=True)
 
 
-def listen(pool_dir: str) -> tuple[socket.socket, str]:
+def listen(pool_dir: str, local_rank: int | None = None) -> tuple[socket.socket, str]:
     """Listen under a temporary name, then publish the socket (an atomic rename), so a client
     never finds a socket nobody listens on. This happens before the imports: a client that
     connects meanwhile waits for them to finish (they started before it did)."""
-    final = warmwire.warm_socket_path(pool_dir, os.getpid())
+    final = warmwire.warm_socket_path(pool_dir, os.getpid(), local_rank)
     temporary = os.path.join(pool_dir, f".starting-{os.getpid()}{warmwire.SOCKET_SUFFIX}")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(temporary)
@@ -197,6 +197,22 @@ def run_worker(args: Sequence[str]) -> int:
     return 0
 
 
+def warm_device(local_rank: int | None) -> str:
+    """The device warm-up (rtj_trainer.warm.device) for a warm worker meant for a local rank,
+    where it is on; what it did, for the attach line ("" when nothing)."""
+    from . import device
+
+    if local_rank is None or not device.switched_on(os.environ):
+        return ""
+    try:
+        report = device.warm_up(local_rank)
+    except Exception as exc:  # a device that fails here fails the worker too: it says so itself
+        return f"; device warm-up failed: {exc!r}"
+    if "skipped" in report:
+        return ""
+    return "; device warmed: " + ", ".join(f"{k} {v}" for k, v in report.items())
+
+
 _attachment: Attachment | None = None
 
 
@@ -212,13 +228,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rtj_trainer.warm.worker")
     parser.add_argument("--status-fd", type=int, required=True,
                         help="pipe to the pool: R when ready, T when taken")
+    parser.add_argument("--local-rank", type=int, default=None,
+                        help="the local rank this warm worker is meant for (its device warmed)")
     options = parser.parse_args(argv)
+    launch_env = dict(os.environ)  # before torch adds its own (CUDA_MODULE_LOADING at CUDA init)
     pool_dir = os.environ[warmwire.POOL_DIR_ENV]
     parent_death_signal(signal.SIGKILL)
-    listener, socket_path = listen(pool_dir)
+    listener, socket_path = listen(pool_dir, options.local_rank)
     began = time.time()
     preimport()
     imported = time.time()
+    warmed = warm_device(options.local_rank)
     os.write(options.status_fd, b"R")
     conn, _ = listener.accept()
     with contextlib.suppress(OSError):
@@ -232,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, warmwire.WireError) as exc:
         print(f"[rtj-warm] warm worker {os.getpid()}: no usable request ({exc})", file=sys.stderr)
         return 0
-    mismatch = warmwire.startup_env_mismatch(request.env, os.environ)
+    mismatch = warmwire.startup_env_mismatch(request.env, launch_env)
     if mismatch is not None:
         for fd in fds:
             os.close(fd)
@@ -249,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     conn.sendall(warmwire.encode({"attached": os.getpid()}))
     threading.Thread(target=attachment.watch, name="rtj-warm-client", daemon=True).start()
     print(f"[rtj-warm] worker pid {request.pid} runs in warm process {os.getpid()} (imports "
-          f"took {imported - began:.1f} s, done {time.time() - imported:.1f} s before)",
+          f"took {imported - began:.1f} s, done {time.time() - imported:.1f} s before{warmed})",
           file=sys.stderr, flush=True)
     attachment.code = run_worker(request.args)
     return attachment.code
