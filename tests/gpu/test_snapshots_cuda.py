@@ -8,6 +8,7 @@ tests/unit/test_trainer_checkpoint_local.py.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,34 @@ def test_a_save_staged_through_the_device_copy_is_of_its_step(tmp_path: Path) ->
     finally:
         checkpointer.close()
         dist.destroy_process_group()
+
+
+def test_a_mixed_state_is_copied_into_the_device_buffer_without_waiting_for_the_stream() -> None:
+    """Parameters on the device with AdamW's `step` counters and the RNG state on the host:
+    `FlatState.copy_into` copies all of them, and returns while a long kernel queued before it
+    still runs (no blocking host-to-device copy: each one waited for the stream)."""
+    from rtj_trainer.checkpoint.staging import FlatState, tensor_views
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    params = [torch.randn(1 << 20, device=device) for _ in range(50)]
+    steps = [torch.tensor(float(i)) for i in range(50)]  # host scalars, as AdamW's foreach
+    state = {"params": params, "step": steps, "rng": torch.get_rng_state(),
+             "half": torch.ones(1000, device=device, dtype=torch.bfloat16)}
+    flat = FlatState.of(state)
+    buffer = torch.zeros(flat.total, dtype=torch.uint8, device=device)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e9))  # ~1 s of one busy kernel on the stream
+    started = time.perf_counter()
+    flat.copy_into(buffer)
+    returned = time.perf_counter() - started
+    for step in steps:  # the optimizer's next step changes the host counters in place
+        step.add_(100.0)
+    torch.cuda.synchronize()
+    assert returned < 0.3, f"copy_into waited {returned:.3f} s for the stream"
+    views = tensor_views(buffer, flat.layout)
+    for view, tensor in zip(views, flat.tensors, strict=True):
+        if tensor.device.type == "cpu":
+            expected = tensor - 100.0 if tensor.dtype == torch.float32 else tensor
+            assert torch.equal(view.cpu(), expected)
+        else:
+            assert torch.equal(view, tensor)

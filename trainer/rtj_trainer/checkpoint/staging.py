@@ -129,13 +129,46 @@ class FlatState:
         return cls(skeleton, tensors, layout, total)
 
     def copy_into(self, buffer: torch.Tensor, views: list[torch.Tensor] | None = None) -> None:
-        """Every tensor into its place in `buffer` (of `total` bytes, on the tensors' device) in a
-        few multi-tensor launches on the current stream, not one copy per tensor (hundreds).
-        `views`: `tensor_views(buffer, layout)` made earlier (a caller that copies the same
-        layout again keeps them: ~3-7 ms for 650 tensors on a CPU core)."""
-        if self.tensors:
-            torch._foreach_copy_(views if views is not None
-                                 else tensor_views(buffer, self.layout), self.tensors)
+        """Every tensor into its place in `buffer` (of `total` bytes) on the current stream, in
+        a few multi-tensor launches, never one blocking copy per tensor. `views`:
+        `tensor_views(buffer, layout)` made earlier (a caller that copies the same layout again
+        keeps them: ~3-7 ms for 650 tensors on a CPU core).
+
+        Grouped by device and dtype, because `_foreach_copy_` takes its fast multi-tensor path
+        only when a whole list shares them: a training state mixes the parameters and moments on
+        the device with host tensors (AdamW's `step` counters, the RNG states), and one mixed
+        list is copied tensor by tensor. Into a device buffer, host tensors are first packed into
+        one page-locked host block (`_host_block`) and copied from it without blocking: a
+        blocking host-to-device copy waits for the stream, so each `step` counter waited for
+        the device copies launched before it (~17 ms a snapshot of a 1B model on an H100)."""
+        if not self.tensors:
+            return
+        targets = views if views is not None else tensor_views(buffer, self.layout)
+        groups: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor],
+                                                             list[torch.Tensor]]] = {}
+        from_host: list[int] = []
+        for index, tensor in enumerate(self.tensors):
+            if buffer.device.type != "cpu" and tensor.device.type == "cpu":
+                from_host.append(index)
+                continue
+            dst, src = groups.setdefault((tensor.device, tensor.dtype), ([], []))
+            dst.append(targets[index])
+            src.append(tensor)
+        for dst, src in groups.values():
+            torch._foreach_copy_(dst, src)
+        if from_host:
+            sources = [self.tensors[i] for i in from_host]
+            block = _host_block(sources)
+            torch._foreach_copy_(block, sources)  # host to page-locked host: no device wait
+            for index, piece in zip(from_host, block, strict=True):
+                targets[index].copy_(piece, non_blocking=True)
+
+
+def _host_block(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Page-locked host tensors shaped as `tensors`, views of one block from torch's caching
+    host allocator, which keeps it until the copies from it completed on the device."""
+    layout, total = plan_layout(tensors)
+    return tensor_views(torch.empty(total, dtype=torch.uint8, pin_memory=True), layout)
 
 
 class HostStaging:
