@@ -452,6 +452,8 @@ def test_a_save_staged_through_the_device_copy_is_of_its_step_and_commits(
         checkpointer.wait_until_committed(30)
         assert checkpointer._deferred is None
         assert checkpointer.stats.committed_step == 10
+        copies = checkpointer.snapshot_copies()  # the save's copy counted apart
+        assert copies["save_copy_launch_seconds"] > 0 and copies["copy_launch_seconds"] == 0
         staged = checkpointer._staging.staged
         assert staged is not None and staged.step == 10 and not staged.live
         shard = next((tmp_path / "store").glob("step-000000010.*/*.bin"))

@@ -102,8 +102,10 @@ class SnapshotTaker:
         """(buffer, layout, views of the buffer in that layout): every snapshot of a run has the
         same layout, so its hundreds of views are made once."""
         self.copy_launch_seconds = 0.0
-        """Host seconds in `_copy_in` (flatten, views, the copy's launch), all snapshots and
-        saves of this taker: the part of a snapshot's stall that is not reading the state."""
+        """Host seconds in `_copy_in` (flatten, views, the copy's launch) for this taker's
+        snapshots: the part of their stall that is not reading the state."""
+        self.save_copy_launch_seconds = 0.0
+        """The same for the saves staged through the buffer (`stage`)."""
         self.written = 0
         self.failed = 0
         self.last_write_seconds = 0.0
@@ -154,21 +156,25 @@ class SnapshotTaker:
         """Whether a snapshot can start now: no earlier one is still being copied."""
         return self._thread is None or not self._thread.is_alive()
 
-    def _copy_in(self, state: dict[str, Any], *, allocate: bool = True
+    def _copy_in(self, state: dict[str, Any], *, save: bool = False
                  ) -> tuple[Any, list[TensorLayout], int, Any] | None:
         """Copy `state` into the device buffer on the training stream: (skeleton, layout, its
         bytes, the event after the copy (None on CPU)), or None when the device has no room
-        for the buffer (`usable` is False) or, `allocate` False, when the buffer is not there
-        in that size (nothing copied, nothing freed, a keeper's record left as it was)."""
+        for the buffer (`usable` is False) or, for a `save` (which never allocates), when the
+        buffer is not there in that size (nothing copied, nothing freed, a keeper's record left
+        as it was)."""
         if self.usable is False:
             return None
         if not self.ready():
             raise RuntimeError("a snapshot is still being written")
         began = time.perf_counter()
         try:
-            return self._copy_state(state, allocate)
+            return self._copy_state(state, allocate=not save)
         finally:
-            self.copy_launch_seconds += time.perf_counter() - began
+            if save:
+                self.save_copy_launch_seconds += time.perf_counter() - began
+            else:
+                self.copy_launch_seconds += time.perf_counter() - began
 
     def _copy_state(self, state: dict[str, Any], allocate: bool
                     ) -> tuple[Any, list[TensorLayout], int, Any] | None:
@@ -250,7 +256,7 @@ class SnapshotTaker:
         of the state's size (nothing done: a save never reallocates the snapshots' buffer, whose
         old block the device would not count as free). The host buffer holds the state once
         `ready()` is True again and `staging_error()` is None."""
-        copied = self._copy_in(state, allocate=False)
+        copied = self._copy_in(state, save=True)
         if copied is None:
             return None
         skeleton, layout, total, event = copied

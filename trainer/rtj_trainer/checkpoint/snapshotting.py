@@ -178,12 +178,14 @@ class Snapshotting:
     def snapshot_copies(self) -> dict[str, float]:
         """What the snapshot thread (`SnapshotTaker`) did in this process: copies written, the
         newest one's and the longest one's seconds (start to rename), and the host seconds of
-        launching the copies into the device buffer (snapshots' and saves'); empty without it."""
+        launching the copies into the device buffer, the snapshots' and the saves' apart; empty
+        without it."""
         if (t := self._snapshots) is None or not t.usable:
             return {}
         return {"thread_copies": t.written, "thread_copy_seconds_last": t.last_write_seconds,
                 "thread_copy_seconds_max": t.max_write_seconds,
-                "copy_launch_seconds": t.copy_launch_seconds}
+                "copy_launch_seconds": t.copy_launch_seconds,
+                "save_copy_launch_seconds": t.save_copy_launch_seconds}
 
     def snapshot(self, step: int, state: dict[str, Any]) -> float:
         """Stage `state` and write it as this rank's node-local copy of `step` alone, nothing
