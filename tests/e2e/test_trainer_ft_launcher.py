@@ -100,6 +100,9 @@ def fault_free(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
     summary = _summary(out)
     assert summary["steps"] == STEPS and summary["last_committed_step"] == STEPS
     assert summary["restarts"] == {"inprocess": 0, "launcher": 0, "pod": 0}
+    final = summary["final_save"]  # the wait for the last checkpoint, split into its phases
+    assert final["step"] == STEPS and final["write"] > 0 and final["wait"] > 0, final
+    assert final["total"] >= final["staging"] + final["write"], final
     losses = _losses(run_dir)
     assert [e["step"] for e in losses] == list(range(1, STEPS + 1))
     return {e["step"]: e["loss"] for e in losses}

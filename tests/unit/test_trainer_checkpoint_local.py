@@ -454,6 +454,12 @@ def test_a_save_staged_through_the_device_copy_is_of_its_step_and_commits(
         assert checkpointer.stats.committed_step == 10
         copies = checkpointer.snapshot_copies()  # the save's copy counted apart
         assert copies["save_copy_launch_seconds"] > 0 and copies["copy_launch_seconds"] == 0
+        # the commit's seconds split into phases that add up to the whole
+        phases = checkpointer.stats.last_commit
+        assert phases["step"] == 10 and phases["write"] > 0
+        parts = ("staging", "queued", "write", "fsync", "record", "commit", "noticed")
+        assert all(phases[part] >= 0 for part in parts), phases
+        assert abs(sum(phases[part] for part in parts) - phases["total"]) < 0.005, phases
         staged = checkpointer._staging.staged
         assert staged is not None and staged.step == 10 and not staged.live
         shard = next((tmp_path / "store").glob("step-000000010.*/*.bin"))

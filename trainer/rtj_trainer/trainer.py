@@ -134,6 +134,8 @@ class Trainer:
         """Node-local snapshots of this attempt (`snapshot`); `state_seconds`: of the stall."""
         self._losses: IO[str] | None = None
         self._finished = False
+        self.final_save: dict[str, float] = {}
+        """Rank 0, once finished: where the wait for the last checkpoint went (`finish`)."""
         """`finish` ran: every checkpoint is committed and the node-local copies can go."""
         self.stop_committed = True
         """False once a stop gave up waiting for its checkpoint (`stop`)."""
@@ -356,13 +358,19 @@ class Trainer:
     def finish(self) -> None:
         """After the last step: wait until every checkpoint is committed, on every rank."""
         self._close_losses()
+        began = time.perf_counter()
         with self.session.section("checkpoint"):
             if self.saved_step == self.cfg.train.steps:
                 # Every rank reads the same verdict (rank 0's), so all of them fail together.
                 self.checkpointer.wait_until_kept(self.saved_step)
             else:
                 self.checkpointer.wait_until_committed()
+        waited = time.perf_counter()
         self._barrier()
+        last = self.checkpointer.stats.last_commit
+        if last.get("step") == self.saved_step:  # rank 0: the last save's phases
+            self.final_save = {**last, "wait": round(waited - began, 4),
+                               "barrier": round(time.perf_counter() - waited, 4)}
         # Every rank's last checkpoint is committed: what is left (the exit, NVRx's completion
         # barrier, the launcher's) sends no heartbeat and must not be timed as a hang.
         self.session.training_finished()
@@ -443,6 +451,7 @@ class Trainer:
             "attempt_snapshots": {k: round(v, 4) for k, v in (
                 self.snapshots | self.checkpointer.snapshot_copies()).items()},
             "learned_hang_timeout": self.session.learned_hang_timeout(),
+            "final_save": self.final_save,
         }
 
     def newest_commit(self) -> tuple[int | None, float | None, Path | None]:

@@ -296,6 +296,7 @@ class Checkpointer(Snapshotting, CommitTracking, Resumable):
             self._request_write(writer, args, pending)
             self._pending.append(pending)
         else:
+            pending.requested_at = time.time()
             writer(*args, False, self.cfg.test_write_delay_seconds)
             pending.written = True
             self._pending.append(pending)

@@ -42,6 +42,8 @@ class CheckpointStats:
     abandoned: int = 0
     """Checkpoints given up because a rank's shard write failed (later ones still commit)."""
     newly_committed: list[int] = field(default_factory=list)
+    last_commit: dict[str, float] = field(default_factory=dict)
+    """Rank 0: the newest commit's phases (`tracking.commit_phases`)."""
 
 
 COMMIT_PROGRESS = "commit-progress.json"

@@ -125,6 +125,8 @@ class Snapshotting:
         def finalize() -> None:
             pending.written = True
 
+        pending.requested_at = time.time()
+
         request = asyncwriter.request(
             writer, (*args, True, self.cfg.test_write_delay_seconds), [finalize])
         self._async_queue().schedule_async_request(request)

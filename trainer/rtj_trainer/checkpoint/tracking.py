@@ -41,6 +41,32 @@ class PendingSave:
     """Of the stall: waiting for this rank's previous write to finish (buffer reuse)."""
     copy_seconds: float = 0.0
     """Of the stall: staging the state into the host buffer."""
+    requested_at: float = 0.0
+    """When the write was handed to the writer (time.time()); a save staged through the device
+    copy is handed over once the thread's copy into the staging buffer is done."""
+
+
+def commit_phases(pending: PendingSave, manifest: Manifest, noticed_at: float) -> dict[str, float]:
+    """Where a committed save's seconds went, from its start to the step loop noticing the
+    commit: `staging` (until the write was handed to the writer), `queued` (until rank 0's writer
+    began it), `write` and `fsync` (rank 0's shard), `record` (the rest of rank 0's write: the
+    rename, the record), `commit` (until rank 0's commit thread wrote the manifest: the other
+    ranks' shards and its polling), `noticed` (until the step loop read the outcome); `total`."""
+    writer = next((shard.writer for shard in manifest.shards if shard.rank == 0), {})
+    began = writer.get("started_at", pending.requested_at)
+    seconds = writer.get("seconds", 0.0)
+    phases = {
+        "step": float(manifest.step),
+        "staging": pending.requested_at - pending.started_at,
+        "queued": began - pending.requested_at,
+        "write": writer.get("write_seconds", 0.0),
+        "fsync": writer.get("fsync_seconds", 0.0),
+        "record": seconds - writer.get("write_seconds", 0.0) - writer.get("fsync_seconds", 0.0),
+        "commit": manifest.committed_at - (began + seconds),
+        "noticed": noticed_at - manifest.committed_at,
+        "total": noticed_at - pending.started_at,
+    }
+    return {key: round(value, 4) for key, value in phases.items()}
 
 
 class CommitTracking:
@@ -112,6 +138,7 @@ class CommitTracking:
                 continue
             self._note_commit(outcome.manifest.step, outcome.manifest.committed_at,
                               pending.directory)
+            self.stats.last_commit = commit_phases(pending, outcome.manifest, time.time())
             if self.on_commit is not None:
                 self.on_commit(outcome.manifest)
 

@@ -223,7 +223,7 @@ def write_shard(
     try:
         if fail == "error":
             raise OSError(errno.EIO, "injected shard write failure (fault write-error)", shard_path)
-        began = time.perf_counter()
+        began, started_at = time.perf_counter(), time.time()
         data = _byte_view(blob)
         release = _releases(blob, in_worker)
         header = encode_header(skeleton, layout, len(data))
@@ -266,7 +266,8 @@ def write_shard(
              "fsync_seconds": round(synced - written, 4),
              "threads": float(max(1, min(threads, len(pieces)))),
              "local_seconds": round(local_seconds[0], 4),
-             "direct_bytes": float(direct_bytes)},
+             "direct_bytes": float(direct_bytes),
+             "started_at": round(started_at, 4)},
         )
         write_json_atomic(Path(record_path), record.to_json())
     except Exception as exc:  # keep the persistent worker alive; the checkpoint never commits
