@@ -25,7 +25,8 @@
 #   VARIANTS=baseline runs one of the two (when both do not fit one call: then not "the same run").
 # SNAPSHOTS=N (recovery, goodput, ratio): node-local snapshots every N steps between saves
 #   (checkpoint.local_interval_steps; the summary's attempt_snapshots has their count and stall).
-# Writes JSON and log excerpts under $OUT.
+# Writes JSON and log excerpts under $OUT (goodput: also the run's losses.jsonl and commits.jsonl,
+# gzipped).
 set -u
 . bench/device/setup.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -110,5 +111,11 @@ if [[ ,${PART:-}, == *,goodput,* ]]; then
     "${extra[@]}" "${SNAP[@]}" --set checkpoint.local_dir=/dev/shm/rtj-local \
     --set checkpoint.keep=2 --run-timeout 460 --work-dir /tmp/gp --out "$OUT/goodput-${MODEL:-hf}.json" || rc=1
   excerpt /tmp/gp "$OUT/goodput-${MODEL:-hf}-log.txt"
+  # every step's end (losses.jsonl) and every commit's writer figures (commits.jsonl), small
+  # enough to bring back: where the seconds between the steps went
+  for name in losses commits; do
+    found=$(find /tmp/gp -name "$name.jsonl" -print -quit)
+    [[ -n $found ]] && gzip -c "$found" > "$OUT/goodput-${MODEL:-hf}-$name.jsonl.gz"
+  done
 fi
 exit $rc
