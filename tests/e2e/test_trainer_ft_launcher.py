@@ -103,6 +103,12 @@ def fault_free(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
     final = summary["final_save"]  # the wait for the last checkpoint, split into its phases
     assert final["step"] == STEPS and final["write"] > 0 and final["wait"] > 0, final
     assert final["total"] >= final["staging"] + final["write"], final
+    # The loop's seconds outside the steps, and what the first step's preparation took
+    assert 0 <= summary["attempt_between_steps_seconds"] < summary["attempt_loop_seconds"], summary
+    prepare = summary["attempt_prepare"]
+    parts = {"state", "flatten", "snapshot_buffer", "staging_share", "staging_register"}
+    assert parts <= set(prepare), prepare
+    assert all(value >= 0 for value in prepare.values()), prepare
     losses = _losses(run_dir)
     assert [e["step"] for e in losses] == list(range(1, STEPS + 1))
     return {e["step"]: e["loss"] for e in losses}

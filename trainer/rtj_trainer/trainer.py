@@ -125,6 +125,11 @@ class Trainer:
         self.step_seconds = 0.0
         self.productive_seconds = 0.0
         self.steps_this_attempt = 0
+        self.attempt_step_seconds = 0.0
+        """The seconds of this attempt's steps (`step`'s own, as in `productive_seconds`): the
+        loop's seconds less these went between the steps."""
+        self.prepare_seconds: dict[str, float] = {}
+        """After this attempt's first step: reading the state and `Checkpointer.prepare`."""
         self.last_stall_seconds = 0.0
         self.stall_seconds_total = 0.0
         self.stall_seconds_max = 0.0
@@ -287,6 +292,7 @@ class Trainer:
             self.loss = float(loss.item())
         seconds = time.perf_counter() - began
         self.productive_seconds += seconds
+        self.attempt_step_seconds += seconds
         self.steps_this_attempt += 1
         self.session.heartbeat()
         self.current_step, self.step_seconds = step, seconds
@@ -302,7 +308,13 @@ class Trainer:
             timeline.mark("first_step")
             log.info("timeline %s", timeline.render(), extra={"rank": self.rank})
             if self.cfg.checkpoint.interval_steps:
-                self.checkpointer.prepare(self.state_dict())  # optimizer state now exists
+                began = time.perf_counter()
+                state = self.state_dict()  # the optimizer's state exists now
+                read = time.perf_counter()
+                self.checkpointer.prepare(state)
+                del state
+                self.prepare_seconds = {"state": round(read - began, 4),
+                                        **self.checkpointer.prepare_seconds}
 
     def checkpoint_due(self, step: int) -> bool:
         interval = self.cfg.checkpoint.interval_steps
@@ -445,6 +457,8 @@ class Trainer:
             "last_committed_step": self.checkpointer.stats.committed_step,
             "attempt_steps": self.steps_this_attempt,
             "attempt_loop_seconds": round(loop_seconds, 3),
+            "attempt_between_steps_seconds": round(loop_seconds - self.attempt_step_seconds, 3),
+            "attempt_prepare": self.prepare_seconds | self.checkpointer.staging_seconds(),
             "attempt_checkpoint_stall_seconds_total": round(self.stall_seconds_total, 4),
             "attempt_checkpoint_stall_seconds_max": round(self.stall_seconds_max, 4),
             "attempt_saves_through_device_copy": self.checkpointer.stats.saves_through_device_copy,

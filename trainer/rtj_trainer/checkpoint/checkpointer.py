@@ -153,6 +153,8 @@ class Checkpointer(Snapshotting, CommitTracking, Resumable):
             self._local = local_copy_dir(Path(cfg.local_dir), root, rank, world_size)
             remove_partial_copies(self._local, keep_spare=cfg.snapshots_by_thread)
         self._allocating: threading.Thread | None = None
+        self.prepare_seconds: dict[str, float] = {}
+        """The newest `prepare`'s parts: `flatten` (and the skeleton's check), `snapshot_buffer`."""
         """The staging buffer's allocation, started by `prepare` (`_staging_allocated`)."""
         self._snapshots: SnapshotTaker | None = None
         """Snapshots through a device-memory copy and a thread (None: through the writer)."""
@@ -218,12 +220,16 @@ class Checkpointer(Snapshotting, CommitTracking, Resumable):
         """Start allocating (and page-locking) the staging buffer for a state shaped like
         `state` in a thread, so that neither the step loop nor the first save's stall pays for
         a multi-GB allocation (`_staging_allocated` waits for it)."""
+        began = time.perf_counter()
         flat = FlatState.of(state)
         # A state that is not plain data fails here, once, not in every writer (format docstring).
         encode_skeleton(flat.skeleton)
         total = flat.total
+        flattened = time.perf_counter()
         if self._snapshots is not None:
             self._snapshots.prepare(total)
+        self.prepare_seconds = {"flatten": round(flattened - began, 4),
+                                "snapshot_buffer": round(time.perf_counter() - flattened, 4)}
         buffer = self._staging.buffer
         if self._allocating is None and (buffer is None or buffer.numel() != total):
             self._allocating = threading.Thread(target=self._allocate_staging, args=(total,),
@@ -237,6 +243,13 @@ class Checkpointer(Snapshotting, CommitTracking, Resumable):
             self._staging.ensure(total, self.device)
         except Exception as exc:  # the first save allocates it again, and fails there if it must
             log.warning("allocating the staging buffer failed: %s", exc, extra={"rank": self.rank})
+
+    def staging_seconds(self) -> dict[str, float]:
+        """How long the staging buffer's allocation by `prepare` took, in its parts
+        (`HostStaging.seconds`); empty when none was made or it still runs."""
+        if self._allocating is not None and self._allocating.is_alive():
+            return {}
+        return {f"staging_{key}": value for key, value in self._staging.seconds.items()}
 
     def _staging_allocated(self) -> None:
         """Wait for `prepare`'s allocation (if one runs) before the staging buffer is used."""

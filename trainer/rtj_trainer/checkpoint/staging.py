@@ -21,6 +21,7 @@ save whose copies were finished.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -179,6 +180,9 @@ class HostStaging:
         self._registered = False
         self.staged: Staged | None = None
         """The save the buffer holds in full (set by the checkpointer after a staging copy)."""
+        self.seconds: dict[str, float] = {}
+        """The newest allocation's parts: `share` (in shared memory), `register` (page-locked),
+        `hold` (handed to the device keeper)."""
 
     def ensure(self, nbytes: int, device: torch.device) -> torch.Tensor:
         if self.buffer is None or self.buffer.numel() != nbytes:
@@ -186,7 +190,9 @@ class HostStaging:
             # Measured on an H200 host (docs/benchmarks.md): for 11.3 GB this private-then-copy
             # route + register took 3.3-3.5 s, allocating in shared memory directly
             # (`UntypedStorage._new_shared`) + register 5.6-6.4 s (registering faults the pages).
+            began = time.perf_counter()
             self.buffer = torch.empty(nbytes, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
+            shared = time.perf_counter()
             if device.type == "cuda":
                 # Page-lock the shared buffer in place: D2H copies then run at DMA speed and the
                 # writer process still maps the very same memory.
@@ -198,7 +204,11 @@ class HostStaging:
                     result, self._registered = exc, False
                 if not self._registered:
                     log.warning("cudaHostRegister failed (%s): staging copies are pageable", result)
+            registered = time.perf_counter()
             keeper.hold_host(self.buffer)  # with a device keeper: it frees the pages, not a kill
+            self.seconds = {"share": round(shared - began, 4),
+                            "register": round(registered - shared, 4),
+                            "hold": round(time.perf_counter() - registered, 4)}
         return self.buffer
 
     @classmethod
