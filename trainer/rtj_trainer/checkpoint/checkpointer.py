@@ -153,6 +153,9 @@ class Checkpointer(Snapshotting, CommitTracking, Resumable):
             self._local = local_copy_dir(Path(cfg.local_dir), root, rank, world_size)
             remove_partial_copies(self._local, keep_spare=cfg.snapshots_by_thread)
         self._allocating: threading.Thread | None = None
+        self._allocated_here = False
+        """`prepare` started the staging buffer's allocation (not one carried from an earlier
+        attempt of this process)."""
         self.prepare_seconds: dict[str, float] = {}
         """The newest `prepare`'s parts: `flatten` (and the skeleton's check), `snapshot_buffer`."""
         """The staging buffer's allocation, started by `prepare` (`_staging_allocated`)."""
@@ -235,6 +238,7 @@ class Checkpointer(Snapshotting, CommitTracking, Resumable):
             self._allocating = threading.Thread(target=self._allocate_staging, args=(total,),
                                                 name="rtj-staging-allocation", daemon=True)
             self._allocating.start()
+            self._allocated_here = True
 
     def _allocate_staging(self, total: int) -> None:
         try:
@@ -246,8 +250,10 @@ class Checkpointer(Snapshotting, CommitTracking, Resumable):
 
     def staging_seconds(self) -> dict[str, float]:
         """How long the staging buffer's allocation by `prepare` took, in its parts
-        (`HostStaging.seconds`); empty when none was made or it still runs."""
-        if self._allocating is not None and self._allocating.is_alive():
+        (`HostStaging.seconds`); empty when this checkpointer made none (the buffer came from an
+        earlier attempt of the process) or it still runs."""
+        if not self._allocated_here or (self._allocating is not None
+                                        and self._allocating.is_alive()):
             return {}
         return {f"staging_{key}": value for key, value in self._staging.seconds.items()}
 
