@@ -308,12 +308,12 @@ class Trainer:
             timeline.mark("first_step")
             log.info("timeline %s", timeline.render(), extra={"rank": self.rank})
             if self.cfg.checkpoint.interval_steps:
-                began = time.perf_counter()
+                preparing = time.perf_counter()
                 state = self.state_dict()  # the optimizer's state exists now
                 read = time.perf_counter()
                 self.checkpointer.prepare(state)
                 del state
-                self.prepare_seconds = {"state": round(read - began, 4),
+                self.prepare_seconds = {"state": round(read - preparing, 4),
                                         **self.checkpointer.prepare_seconds}
 
     def checkpoint_due(self, step: int) -> bool:

@@ -153,12 +153,12 @@ class Checkpointer(Snapshotting, CommitTracking, Resumable):
             self._local = local_copy_dir(Path(cfg.local_dir), root, rank, world_size)
             remove_partial_copies(self._local, keep_spare=cfg.snapshots_by_thread)
         self._allocating: threading.Thread | None = None
+        """The staging buffer's allocation, started by `prepare` (`_staging_allocated`)."""
         self._allocated_here = False
         """`prepare` started the staging buffer's allocation (not one carried from an earlier
         attempt of this process)."""
         self.prepare_seconds: dict[str, float] = {}
         """The newest `prepare`'s parts: `flatten` (and the skeleton's check), `snapshot_buffer`."""
-        """The staging buffer's allocation, started by `prepare` (`_staging_allocated`)."""
         self._snapshots: SnapshotTaker | None = None
         """Snapshots through a device-memory copy and a thread (None: through the writer)."""
         if self._local is not None and cfg.snapshots_by_thread:
