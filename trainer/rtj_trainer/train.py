@@ -27,6 +27,7 @@ from .faults import FaultInjector
 from .metrics import TrainerMetrics
 from .resiliency import Session
 from .stop import STOP, StopAgreement, torch_reduce
+from .summary import job_summary
 from .trainer import Trainer
 
 
@@ -98,7 +99,7 @@ def train(cfg: Config, session: Session, metrics: TrainerMetrics) -> Finished:
         clean = True
         committed_step, committed_time, committed_dir = trainer.newest_commit()
         return Finished(
-            summary=trainer.summary(loop_seconds) if trainer.rank == 0 else None,
+            summary=job_summary(trainer, loop_seconds) if trainer.rank == 0 else None,
             step=trainer.current_step, committed_step=committed_step,
             committed_time=committed_time, committed_dir=committed_dir,
         )

@@ -34,7 +34,6 @@ from .checkpoint import (
     job_identity,
     stage_offered,
 )
-from .checkpoint.store import read_commit_log
 from .config import Config
 from .data import TokenBatches
 from .errors import DataMismatchError
@@ -425,7 +424,7 @@ class Trainer:
         committed = self.checkpointer.stats.committed_step
         if self.rank == 0:
             if everyone and committed == step:
-                ledger = self._ledger()
+                ledger = self.current_ledger()
                 ledger.stopped_step = step
                 ledger.write(self.cfg.run_dir / LEDGER_FILE)
             log.info("stopped after step %d: checkpoint of step %s committed in %.3f s (%s)",
@@ -439,34 +438,6 @@ class Trainer:
         """Wait for every rank, beating meanwhile (parallel.barrier)."""
         parallel.barrier(self.session.heartbeat,
                          timeout=parallel.collective_timeout(self.cfg, self.ctx.device))
-
-    def summary(self, loop_seconds: float) -> dict[str, Any]:
-        """The summary JSON of a finished job (rank 0 prints it)."""
-        ledger = self._ledger()
-        now = time.time()
-        return {
-            "event": "summary",
-            "steps": self.cfg.train.steps,
-            "final_loss": self.loss,
-            "wall_seconds": round(now - ledger.started_at, 3),
-            "productive_seconds": round(self.productive_seconds, 3),
-            "goodput": round(self.productive_seconds / max(1e-9, now - ledger.started_at), 4),
-            "restarts": dict(ledger.restarts),
-            "lost_seconds": round(ledger.lost_seconds, 3),
-            "checkpoints_committed": len(read_commit_log(Path(self.cfg.checkpoint.dir))),
-            "last_committed_step": self.checkpointer.stats.committed_step,
-            "attempt_steps": self.steps_this_attempt,
-            "attempt_loop_seconds": round(loop_seconds, 3),
-            "attempt_between_steps_seconds": round(loop_seconds - self.attempt_step_seconds, 3),
-            "attempt_prepare": self.prepare_seconds | self.checkpointer.staging_seconds(),
-            "attempt_checkpoint_stall_seconds_total": round(self.stall_seconds_total, 4),
-            "attempt_checkpoint_stall_seconds_max": round(self.stall_seconds_max, 4),
-            "attempt_saves_through_device_copy": self.checkpointer.stats.saves_through_device_copy,
-            "attempt_snapshots": {k: round(v, 4) for k, v in (
-                self.snapshots | self.checkpointer.snapshot_copies()).items()},
-            "learned_hang_timeout": self.session.learned_hang_timeout(),
-            "final_save": self.final_save,
-        }
 
     def newest_commit(self) -> tuple[int | None, float | None, Path | None]:
         """The step, commit time and (when this attempt committed it) directory of the newest
@@ -493,7 +464,7 @@ class Trainer:
 
     def snapshot(self) -> Snapshot:
         """The metrics' values now, read from their sources (called on every scrape)."""
-        ledger = self._ledger()
+        ledger = self.current_ledger()
         stats = self.checkpointer.stats
         tokens_per_step = self.cfg.data.batch_size * self.cfg.model.seq_len
         seconds = self.step_seconds
@@ -512,7 +483,8 @@ class Trainer:
             job_started_at=ledger.started_at,
         )
 
-    def _ledger(self) -> Ledger:
+    def current_ledger(self) -> Ledger:
+        """This attempt's ledger (set by `resume`)."""
         if self.ledger is None:
             raise RuntimeError("Trainer.resume() has not run yet")
         return self.ledger
