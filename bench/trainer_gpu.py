@@ -165,36 +165,65 @@ def staging_copy_benchmark(gib: float) -> dict[str, Any]:
 
 
 def staging_allocation_benchmark(nbytes: int, repeats: int = 2) -> dict[str, Any]:
-    """What `Checkpointer.prepare` costs once per attempt: allocate the shared staging buffer and
-    page-lock it. The trainer's way (`torch.empty(n).share_memory_()`: private pages, then a copy
-    into shared memory) against allocating in shared memory directly (`_new_shared`)."""
-    import torch
+    """What `Checkpointer.prepare` costs once per process: allocate the shared staging buffer
+    and page-lock it (on CUDA), in a thread as the trainer does, while this thread stands in for
+    the step loop and records its longest wait (`main_max_gap_seconds`: how long the GIL was
+    held by the allocation). The trainer's way (rtj_trainer.checkpoint.hostmem: a memfd,
+    populated with MADV_POPULATE_WRITE from threads) against torch's
+    `torch.empty(n).share_memory_()` (what the trainer used before) and `_new_shared`."""
+    import threading
 
-    def old_way() -> torch.Tensor:
+    import torch
+    from rtj_trainer.checkpoint import hostmem
+
+    def torch_share() -> torch.Tensor:
         buffer: torch.Tensor = torch.empty(nbytes, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
         return buffer
 
-    def new_way() -> torch.Tensor:
+    def torch_new_shared() -> torch.Tensor:
         storage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
         return torch.empty(0, dtype=torch.uint8).set_(storage)
 
-    out: dict[str, Any] = {"bytes": nbytes}
-    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+    cuda = torch.cuda.is_available()
+    cudart = torch.cuda.cudart() if cuda else None  # type: ignore[no-untyped-call]
+    out: dict[str, Any] = {"bytes": nbytes, "populate_threads": hostmem.populate_threads()}
     makers: list[tuple[str, Callable[[], torch.Tensor]]] = [
-        ("new_shared", new_way), ("empty_share_memory_", old_way)]
+        ("hostmem", lambda: hostmem.shared_buffer(nbytes)), ("share_memory_", torch_share),
+        ("new_shared", torch_new_shared)]
     for attempt in range(repeats):
         for label, make in makers:
-            t0 = time.perf_counter()
-            buffer = make()
-            t1 = time.perf_counter()
-            rc = int(cudart.cudaHostRegister(buffer.data_ptr(), nbytes, 0))
-            t2 = time.perf_counter()
-            if rc == 0:
-                cudart.cudaHostUnregister(buffer.data_ptr())
-            del buffer
-            out[f"{label}_{attempt}"] = {"allocate_seconds": round(t1 - t0, 3),
-                                         "register_seconds": round(t2 - t1, 3),
-                                         "total_seconds": round(t2 - t0, 3), "register_rc": rc}
+            times: dict[str, Any] = {}
+
+            def work(make: Callable[[], torch.Tensor] = make,
+                     times: dict[str, Any] = times) -> None:
+                t0 = time.perf_counter()
+                buffer = make()
+                t1 = time.perf_counter()
+                rc = int(cudart.cudaHostRegister(buffer.data_ptr(), nbytes, 0)) if cudart else -1
+                t2 = time.perf_counter()
+                if rc == 0:
+                    cudart.cudaHostUnregister(buffer.data_ptr())
+                times.update(allocate_seconds=round(t1 - t0, 3),
+                             register_seconds=round(t2 - t1, 3), register_rc=rc,
+                             t1=t1, t2=t2, buffer=buffer)  # freed after the measurement
+
+            worker = threading.Thread(target=work)
+            gaps: list[tuple[float, float]] = []
+            last = time.perf_counter()
+            worker.start()
+            while worker.is_alive():
+                time.sleep(0.001)
+                now = time.perf_counter()
+                gaps.append((now - last, now))
+                last = now
+            worker.join()
+            t1, t2 = times.pop("t1", 0.0), times.pop("t2", 0.0)
+            del times["buffer"]  # unmapping GBs holds the GIL too, but not in the trainer's loop
+            times["main_max_gap_seconds"] = round(max((g for g, _ in gaps), default=0.0), 4)
+            times["main_max_gap_in_register_seconds"] = round(
+                max((g for g, at in gaps if t1 < at <= t2 + 0.001), default=0.0), 4)
+            out[f"{label}_{attempt}"] = times
+            print(json.dumps({"allocation": {label: times}}), flush=True)
     return out
 
 

@@ -182,11 +182,12 @@ def test_a_resume_from_the_keepers_buffer_keeps_nothing_the_next_snapshot_overwr
 
 
 def _keeper_fd_targets(keeper_dir: Path) -> list[str]:
+    """The files the keeper holds open, by inode (every staging buffer's memfd has one name)."""
     pid = json.loads((keeper_dir / "keeper-0.json").read_text())["pid"]
     targets = []
     for entry in Path(f"/proc/{pid}/fd").iterdir():
         try:
-            targets.append(str(entry.readlink()))
+            targets.append(str(entry.stat().st_ino))
         except OSError:  # closed meanwhile
             continue
     return targets
@@ -199,7 +200,7 @@ staging = HostStaging()
 buffer = staging.ensure(64 << 20, torch.device("cpu"))
 buffer.fill_(5)
 fd, _ = buffer.untyped_storage()._share_fd_cpu_()
-print(os.readlink(f"/proc/self/fd/{fd}"), flush=True)
+print(os.fstat(fd).st_ino, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 

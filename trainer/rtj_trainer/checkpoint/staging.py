@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import torch
 
 from ..keeper import client as keeper
+from . import hostmem
 
 log = logging.getLogger(__name__)
 
@@ -187,11 +188,11 @@ class HostStaging:
     def ensure(self, nbytes: int, device: torch.device) -> torch.Tensor:
         if self.buffer is None or self.buffer.numel() != nbytes:
             self.release()
-            # Measured on an H200 host (docs/benchmarks.md): for 11.3 GB this private-then-copy
-            # route + register took 3.3-3.5 s, allocating in shared memory directly
-            # (`UntypedStorage._new_shared`) + register 5.6-6.4 s (registering faults the pages).
+            # Allocated and mapped where the GIL is free (rtj_trainer.checkpoint.hostmem): this
+            # runs in a thread beside the first steps, and torch's `share_memory_()` stopped them
+            # for the allocation (~1.5 s for 11.3 GB).
             began = time.perf_counter()
-            self.buffer = torch.empty(nbytes, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
+            self.buffer = hostmem.shared_buffer(nbytes)
             shared = time.perf_counter()
             if device.type == "cuda":
                 # Page-lock the shared buffer in place: D2H copies then run at DMA speed and the
