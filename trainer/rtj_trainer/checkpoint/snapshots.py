@@ -73,6 +73,13 @@ HEADROOM_BYTES = 2 << 30
 """Device memory left free after the snapshot buffer is allocated."""
 
 
+HOST_COPY_PIECE_BYTES = 64 << 20
+"""A save's device-to-host copy (`stage`) goes in pieces of this size, at most two queued at a
+time: a copy the step loop queues meanwhile (its loss's `item()`, a few bytes) waits for at most
+those (~5 ms), not for the whole 11.3 GB (~0.45 s, which made the step after every save
+0.23 s slower when it was one copy)."""
+
+
 class _Cancelled(Exception):
     pass
 
@@ -251,7 +258,7 @@ class SnapshotTaker:
               ) -> tuple[Any, list[TensorLayout], torch.Tensor] | None:
         """A save's staging off the step loop: copy `state` into the device buffer (as `take`),
         then a thread copies that buffer into `host(nbytes)` (the staging buffer, page-locked:
-        one DMA on the side stream, ~0.2 s for 11.3 GB, which the step loop waited for before).
+        DMAs on the side stream, ~0.45 s for 11.3 GB, in pieces: HOST_COPY_PIECE_BYTES).
         Returns (skeleton, layout, host buffer) at once, or None when there is no device buffer
         of the state's size (nothing done: a save never reallocates the snapshots' buffer, whose
         old block the device would not count as free). The host buffer holds the state once
@@ -275,7 +282,15 @@ class SnapshotTaker:
                 return
             with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
                 self._stream.wait_event(event)
-                target.copy_(source, non_blocking=True)
+                queued: list[Any] = []
+                for start in range(0, source.numel(), HOST_COPY_PIECE_BYTES):
+                    if len(queued) == 2:
+                        queued.pop(0).synchronize()
+                    end = min(source.numel(), start + HOST_COPY_PIECE_BYTES)
+                    target[start:end].copy_(source[start:end], non_blocking=True)
+                    done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                    done.record(self._stream)
+                    queued.append(done)
                 self._stream.synchronize()
         except Exception as exc:  # the save is not written (Checkpointer._flush_deferred)
             self._staging_error = exc
