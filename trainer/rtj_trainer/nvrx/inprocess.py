@@ -207,7 +207,9 @@ def _wrapper_kwargs(settings: WrapperSettings, *, before_abort: Sequence[Callabl
         "heartbeat_timeout": timedelta(seconds=settings.pod_loss_timeout),
         "barrier_timeout": timedelta(seconds=soft * 4 + 60),
         "completion_timeout": timedelta(seconds=soft * 4 + 60),
-        "last_call_wait": timedelta(seconds=0.2),
+        # After a fault is recorded, the monitor thread waits this long for the other ranks'
+        # concurrent failures before it aborts: with one rank and no spare there are none.
+        "last_call_wait": timedelta(seconds=0.2 if active > 1 or settings.spares else 0.0),
         # NVRx's monitor process checks the soft and hard timeouts only after an interval
         # with no message from the rank; the progress watchdog sends one every interval (and
         # every ping): with equal intervals the checks hardly ever ran and a hang was left
