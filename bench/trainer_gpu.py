@@ -317,6 +317,8 @@ def main() -> int:
             shutil.rmtree(args.snapshot_dir, ignore_errors=True)
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=1))
+    if args.out:  # also when no trainer run was made (`--runs none --allocation-gb N`)
+        Path(args.out).write_text(json.dumps(results, indent=1))
     print(json.dumps(results), flush=True)
     return 0
 

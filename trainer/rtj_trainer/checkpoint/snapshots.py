@@ -75,9 +75,10 @@ HEADROOM_BYTES = 2 << 30
 
 HOST_COPY_PIECE_BYTES = 64 << 20
 """A save's device-to-host copy (`stage`) goes in pieces of this size, at most two queued at a
-time: a copy the step loop queues meanwhile (its loss's `item()`, a few bytes) waits for at most
-those (~5 ms), not for the whole 11.3 GB (~0.45 s, which made the step after every save
-0.23 s slower when it was one copy)."""
+time, so that a copy the step loop queues meanwhile (its loss's `item()`) waits for at most
+those, not for the whole 11.3 GB (~0.45 s). Measured on one H100 (docs/benchmarks.md,
+eighteenth session): the step after a save is still ~0.21 s slower than the median (0.23 s
+with one copy), so the copy engine's queue is not where that time goes; the cause is open."""
 
 
 class _Cancelled(Exception):
