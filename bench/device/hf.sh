@@ -53,7 +53,7 @@ rc=0
 excerpt() {  # the launcher/trainer lines of each run's log, small enough to bring back
   for f in "$1"/*.log; do
     [[ -e $f ]] || continue
-    grep -aE "Cycle:|fn_ex|injecting fault|resumed from|summary|timeline|RankShould|SOFT_TIMEOUT|HARD_TIMEOUT|rror|Traceback|ms/step" "$f" \
+    grep -aE "Cycle:|fn_ex|injecting fault|resumed from|summary|timeline|RankShould|SOFT_TIMEOUT|HARD_TIMEOUT|rror|Traceback|ms/step|rtj-warm\]" "$f" \
       | grep -avE "frame #|waitForInput" | tail -n 150
   done > "$2"
 }
