@@ -88,3 +88,13 @@ def test_staging_buffer_comes_from_shared_memory_and_is_reused() -> None:
     assert set(staging.seconds) == {"share", "register", "hold"}
     assert staging.ensure(3 * MIB, torch.device("cpu")).data_ptr() == first.data_ptr()
     assert staging.ensure(MIB, torch.device("cpu")).numel() == MIB
+
+
+def test_a_torch_without_the_fd_map_gets_torchs_own_shared_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert hostmem._maps_fds()  # this torch has it: the memfd route is the one the trainer takes
+    monkeypatch.setattr(hostmem, "_maps_fds", lambda: False)  # (a C type's method: not deletable)
+    buffer = hostmem.shared_buffer(2 * MIB)
+    assert buffer.is_shared() and buffer.numel() == 2 * MIB  # type: ignore[no-untyped-call]
+    fd, size = buffer.untyped_storage()._share_fd_cpu_()  # type: ignore[attr-defined]
+    assert size == 2 * MIB and os.fstat(fd).st_size >= 2 * MIB

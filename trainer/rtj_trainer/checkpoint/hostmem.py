@@ -18,7 +18,7 @@ gives its file descriptor: the writer process and the device keeper receive it t
 Where `MADV_POPULATE_WRITE` is not there (Linux < 5.14) the pages are allocated by
 `os.posix_fallocate` (GIL released, one thread) and mapped by the first thing that touches
 them (on CUDA, `cudaHostRegister`, which releases the GIL too). Where memfd is not there at all
-(not Linux), torch's own route.
+(not Linux), or a torch without `_new_shared_fd_cpu`, torch's own route.
 
 A buffer that cannot get its memory fails here with MemoryError naming the size, not with a
 SIGBUS at the first copy into it.
@@ -88,10 +88,17 @@ def _populate(address: int, nbytes: int, threads: int) -> bool:
                       f"{os.strerror(next(c for c in failures if c != errno.EINVAL))}")
 
 
+def _maps_fds() -> bool:
+    """Whether this torch has the private `UntypedStorage._new_shared_fd_cpu` (what its own
+    multiprocessing uses to map a received descriptor): without it, torch's route (and its
+    GIL-held allocation) rather than none."""
+    return callable(getattr(torch.UntypedStorage, "_new_shared_fd_cpu", None))
+
+
 def shared_buffer(nbytes: int, threads: int | None = None) -> torch.Tensor:
     """A flat uint8 tensor of `nbytes` in shared memory, every page allocated (see the module
     docstring for why this way and what holds the GIL)."""
-    if not nbytes or not hasattr(os, "memfd_create"):
+    if not nbytes or not hasattr(os, "memfd_create") or not _maps_fds():
         shared: torch.Tensor = torch.empty(nbytes, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
         return shared
     fd = os.memfd_create("rtj-staging", os.MFD_CLOEXEC)
