@@ -217,6 +217,7 @@ def test_a_synchronous_stop_save_gives_up_at_the_stops_deadline(tmp_path: Path) 
         out, err = ranks[0].communicate(timeout=45)
     finally:
         ranks[1].kill()
+        ranks[1].communicate(timeout=30)  # reaped, its pipes closed
     assert ranks[0].returncode == 0, err[-2000:]
     assert "within the stop's budget" in out
     waited = float(out.split("gave up after ")[1].split(" s")[0])
