@@ -1,4 +1,4 @@
-"""GPU smoke and checkpoint benchmark of the trainer on one GPU (run through the device tool).
+"""GPU smoke and checkpoint benchmark of the trainer on one GPU (run on a lent GPU machine).
 
 Runs `python -m rtj_trainer` (one rank, FSDP2 over a 1-GPU mesh, bf16) on the same config and
 compares:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Goodput of a 2,000-step run of the `1b` model shape on the GPUs of one host (2 ranks) with five
-# injected faults (exception, SIGKILL, hang, exception, SIGKILL), in-process restart on, through
-# the device tool (wheels carried in .whl/; see bench/device/setup.sh):
+# injected faults (exception, SIGKILL, hang, exception, SIGKILL), in-process restart on; run on
+# a lent GPU machine (wheels carried in .whl/; see bench/device/setup.sh):
 #
 #   bash bench/device/goodput.sh
 #

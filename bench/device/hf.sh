@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A Hugging Face Llama of the `1b` shape (bench/models/llama-1b: 16 x 2048, 16 heads, SwiGLU 5440,
 # 32k vocabulary; 934M parameters against the GPT's 941M) against the built-in GPT on ONE GPU,
-# one rank, warm workers on, through the device tool (wheels carried in .whl/; see setup.sh):
+# one rank, warm workers on, on a lent GPU machine (wheels carried in .whl/; see setup.sh):
 #
 #   PART=steps,recovery bash bench/device/hf.sh    # step time of both models, then recovery
 #   PART=goodput bash bench/device/hf.sh           # 2,000 steps, five faults, the HF model

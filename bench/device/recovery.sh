@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Recovery of the `1b` shape on the GPUs of one host (2 ranks, one per GPU) after one injected
-# fault, through the device tool (wheels carried in .whl/; see bench/device/setup.sh):
+# fault, on a lent GPU machine (wheels carried in .whl/; see bench/device/setup.sh):
 #
 #   SCENARIOS=exception-inprocess,sigkill bash bench/device/recovery.sh
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Source this on a GPU machine lent through the device tool (no network there) before running a
+# Source this on a GPU machine lent to us (no network there) before running a
 # benchmark from the repository root:
 #
 #   . bench/device/setup.sh            # wheels carried in .whl/ (see docs/benchmarks.md)
