@@ -44,7 +44,9 @@ _SLICE_ALIGN = 2 << 20
 """Slice boundaries on 2 MiB, so a slice never splits a huge page."""
 
 
-def _madvise() -> Callable[[int, int, int], int] | None:
+def libc_madvise() -> Callable[[int, int, int], int] | None:
+    """libc's `madvise(address, length, advice)` (ctypes: the GIL is released for the call; the
+    errno is kept for `ctypes.get_errno`), or None without libc."""
     try:
         function = ctypes.CDLL("libc.so.6", use_errno=True).madvise
     except (OSError, AttributeError):
@@ -62,7 +64,7 @@ def _populate(address: int, nbytes: int, threads: int) -> bool:
     """Allocate and map every page of [address, address + nbytes) from `threads` threads.
     False when the kernel does not know MADV_POPULATE_WRITE (nothing was done); MemoryError
     when the memory is not there."""
-    madvise = _madvise()
+    madvise = libc_madvise()
     if madvise is None:
         return False
     step = max(_SLICE_ALIGN, -(-nbytes // threads // _SLICE_ALIGN) * _SLICE_ALIGN)

@@ -182,15 +182,15 @@ class HostStaging:
         self.staged: Staged | None = None
         """The save the buffer holds in full (set by the checkpointer after a staging copy)."""
         self.seconds: dict[str, float] = {}
-        """The newest allocation's parts: `share` (in shared memory), `register` (page-locked),
-        `hold` (handed to the device keeper)."""
+        """The newest allocation's parts: `share` (allocated and populated in shared memory),
+        `register` (page-locked), `hold` (handed to the device keeper)."""
 
     def ensure(self, nbytes: int, device: torch.device) -> torch.Tensor:
         if self.buffer is None or self.buffer.numel() != nbytes:
             self.release()
             # Allocated and mapped where the GIL is free (rtj_trainer.checkpoint.hostmem): this
             # runs in a thread beside the first steps, and torch's `share_memory_()` stopped them
-            # for the allocation (~1.5 s for 11.3 GB).
+            # for the allocation (1.90-2.25 s for 11.29 GB on an H100 host, docs/benchmarks.md).
             began = time.perf_counter()
             self.buffer = hostmem.shared_buffer(nbytes)
             shared = time.perf_counter()

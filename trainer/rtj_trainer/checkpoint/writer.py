@@ -49,6 +49,7 @@ from .format import (
     ShardRecord,
     encode_header,
 )
+from .hostmem import libc_madvise
 from .local import write_local_copy
 from .staging import TensorLayout
 
@@ -101,19 +102,17 @@ _MADV_DONTNEED = 4
 
 def _page_releaser() -> Callable[[memoryview], None] | None:
     """madvise(MADV_DONTNEED) over the whole pages inside a buffer, for the writer process and
-    only for a staging buffer in SHARED memory (torch's `share_memory_`, received from the
-    trainer): it drops this process's page-table entries of those pages, not the pages (they
-    stay in the shared memory, the trainer's map is untouched, and reading them again maps
-    them again). Why: a process that mapped the whole 11.3 GB buffer took ~1 s to exit (its
-    page tables torn down; `bench/device/killexit.py`), and a SIGKILLed trainer's restart waits
-    for its writer's exit. Dropped slice by slice as they are written, the writer exits at once.
-    On a private mapping this would lose the data: never call it on one. None without libc."""
-    try:
-        function = ctypes.CDLL("libc.so.6", use_errno=True).madvise
-    except (OSError, AttributeError):
+    only for a staging buffer in SHARED memory (rtj_trainer.checkpoint.hostmem's memfd,
+    received from the trainer): it drops this process's page-table entries of those pages, not
+    the pages (they stay in the shared memory, the trainer's map is untouched, and reading them
+    again maps them again). Why: a process that mapped the whole 11.3 GB buffer took ~1 s to
+    exit (its page tables torn down; `bench/device/killexit.py`), and a SIGKILLed trainer's
+    restart waits for its writer's exit. Dropped slice by slice as they are written, the writer
+    exits at once. On a private mapping this would lose the data: never call it on one. None
+    without libc."""
+    madvise = libc_madvise()
+    if madvise is None:
         return None
-    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    function.restype = ctypes.c_int
     page = mmap.PAGESIZE
 
     def release(view: memoryview) -> None:
@@ -122,7 +121,7 @@ def _page_releaser() -> Callable[[memoryview], None] | None:
             return
         start, end = -(-address // page) * page, (address + len(view)) // page * page
         if end > start:
-            function(start, end - start, _MADV_DONTNEED)
+            madvise(start, end - start, _MADV_DONTNEED)
 
     return release
 
