@@ -73,14 +73,6 @@ HEADROOM_BYTES = 2 << 30
 """Device memory left free after the snapshot buffer is allocated."""
 
 
-HOST_COPY_PIECE_BYTES = 64 << 20
-"""A save's device-to-host copy (`stage`) goes in pieces of this size, at most two queued at a
-time, so that a copy the step loop queues meanwhile (its loss's `item()`) waits for at most
-those, not for the whole 11.3 GB (~0.45 s). Measured on one H100 (docs/benchmarks.md,
-eighteenth session): the step after a save is still ~0.21 s slower than the median (0.23 s
-with one copy), so the copy engine's queue is not where that time goes; the cause is open."""
-
-
 class _Cancelled(Exception):
     pass
 
@@ -259,7 +251,10 @@ class SnapshotTaker:
               ) -> tuple[Any, list[TensorLayout], torch.Tensor] | None:
         """A save's staging off the step loop: copy `state` into the device buffer (as `take`),
         then a thread copies that buffer into `host(nbytes)` (the staging buffer, page-locked:
-        DMAs on the side stream, ~0.45 s for 11.3 GB, in pieces: HOST_COPY_PIECE_BYTES).
+        one DMA on the side stream, ~0.45 s for 11.3 GB. The step after a save is ~0.21 s slower
+        than the median on one H100 (docs/benchmarks.md, eighteenth session); copying in 64 MiB
+        pieces, two queued at a time, did not change that, so the copy engine's queue is not
+        where it goes; the cause is open).
         Returns (skeleton, layout, host buffer) at once, or None when there is no device buffer
         of the state's size (nothing done: a save never reallocates the snapshots' buffer, whose
         old block the device would not count as free). The host buffer holds the state once
@@ -283,15 +278,7 @@ class SnapshotTaker:
                 return
             with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
                 self._stream.wait_event(event)
-                queued: list[Any] = []
-                for start in range(0, source.numel(), HOST_COPY_PIECE_BYTES):
-                    if len(queued) == 2:
-                        queued.pop(0).synchronize()
-                    end = min(source.numel(), start + HOST_COPY_PIECE_BYTES)
-                    target[start:end].copy_(source[start:end], non_blocking=True)
-                    done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                    done.record(self._stream)
-                    queued.append(done)
+                target.copy_(source, non_blocking=True)
                 self._stream.synchronize()
         except Exception as exc:  # the save is not written (Checkpointer._flush_deferred)
             self._staging_error = exc
