@@ -9,6 +9,12 @@ Each round: init_process_group (NCCL, a TCP store on 127.0.0.1), one all-reduce 
 communicator is made at the first collective), then `abort()` of the default group's NCCL backend,
 then `destroy_process_group()`. With `--with-subgroup` a second group is made too (FSDP's
 hybrid-shard setups have several), as NVRx aborts them all.
+
+The abort took 0.99-1.00 s in every round on one H100 (docs/benchmarks.md, nineteenth session).
+NCCL's proxy threads poll with a 500 ms timeout and the abort waits for them (a reading of NCCL's
+source, not measured); the next run to make, with no UDS proxy thread:
+
+    NCCL_CUMEM_ENABLE=0 python3 bench/device/ncclabort.py --rounds 4
 """
 
 from __future__ import annotations
