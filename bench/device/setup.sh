@@ -31,4 +31,16 @@ mount -o remount,size=100G /dev/shm 2>/dev/null || true
 python3 -c 'import torch, pydantic
 import nvidia_resiliency_ext.fault_tolerance.launcher, nvidia_resiliency_ext.inprocess
 import rtj_trainer.train
-print("[device] torch", torch.__version__, "gpus", torch.cuda.device_count())' || return 1
+print("[device] torch", torch.__version__, "gpus", torch.cuda.device_count())
+# The warm worker imports took 12-16 s here against ~4 s on the CI machine (docs/benchmarks.md,
+# nineteenth session): whether the image ships bytecode for torch, and may write it, is the first
+# thing to rule out (our own trainer image compiles it at build time).
+import os, sys, importlib.util
+tag = sys.implementation.cache_tag
+cache = os.path.join(os.path.dirname(torch.__file__), "__pycache__")
+pycs = [n for n in os.listdir(cache) if tag in n] if os.path.isdir(cache) else []
+print("[device] bytecode: dont_write_bytecode", sys.flags.dont_write_bytecode, "pycache_prefix",
+      sys.pycache_prefix, "torch/__pycache__", len(pycs), tag, "files; writable",
+      os.access(os.path.dirname(torch.__file__), os.W_OK),
+      "torch._dynamo cached", os.path.exists(importlib.util.cache_from_source(
+          os.path.join(os.path.dirname(torch.__file__), "_dynamo", "__init__.py"))))' || return 1
