@@ -36,11 +36,10 @@ print("[device] torch", torch.__version__, "gpus", torch.cuda.device_count())
 # nineteenth session): whether the image ships bytecode for torch, and may write it, is the first
 # thing to rule out (our own trainer image compiles it at build time).
 import os, sys, importlib.util
-tag = sys.implementation.cache_tag
-cache = os.path.join(os.path.dirname(torch.__file__), "__pycache__")
+tag, package = sys.implementation.cache_tag, os.path.dirname(torch.__file__)
+cache = os.path.join(package, "__pycache__")
 pycs = [n for n in os.listdir(cache) if tag in n] if os.path.isdir(cache) else []
+dynamo = importlib.util.cache_from_source(os.path.join(package, "_dynamo", "__init__.py"))
 print("[device] bytecode: dont_write_bytecode", sys.flags.dont_write_bytecode, "pycache_prefix",
       sys.pycache_prefix, "torch/__pycache__", len(pycs), tag, "files; writable",
-      os.access(os.path.dirname(torch.__file__), os.W_OK),
-      "torch._dynamo cached", os.path.exists(importlib.util.cache_from_source(
-          os.path.join(os.path.dirname(torch.__file__), "_dynamo", "__init__.py"))))' || return 1
+      os.access(package, os.W_OK), "torch._dynamo cached", os.path.exists(dynamo))' || return 1
